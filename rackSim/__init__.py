@@ -1,0 +1,1 @@
+"""rackSim: discrete-event capacity planning for disaggregated LLM serving."""

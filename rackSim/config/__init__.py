@@ -1,0 +1,19 @@
+"""Scenario configuration: pydantic specs and their loading from Hydra."""
+
+from rackSim.config.loading import ConfigError, load_run_config
+from rackSim.config.specs import (
+    DeploymentSpec,
+    HardwareSpec,
+    ModelSpec,
+    PerfSpec,
+    PricingSpec,
+    RunConfig,
+    WorkloadSpec,
+    kv_bytes_per_gpu,
+    weights_bytes_per_gpu,
+)
+
+__all__ = [
+    "ConfigError", "DeploymentSpec", "HardwareSpec", "ModelSpec", "PerfSpec", "PricingSpec",
+    "RunConfig", "WorkloadSpec", "kv_bytes_per_gpu", "load_run_config", "weights_bytes_per_gpu",
+]

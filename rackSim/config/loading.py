@@ -1,0 +1,43 @@
+"""Turn a composed Hydra/OmegaConf tree (or a plain dict) into a validated `RunConfig`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from rackSim.config.specs import RunConfig
+
+
+class ConfigError(ValueError):
+    """A scenario that cannot be simulated; the message names each bad field and the fix."""
+
+
+def _describe(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(run)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; remove it or check its spelling"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        lines.append(f"  {where}: {msg}")
+    return "invalid scenario:\n" + "\n".join(lines)
+
+
+def load_run_config(tree: Mapping[str, Any] | Any) -> RunConfig:
+    """Validate a composed scenario. Accepts an OmegaConf DictConfig or a plain mapping."""
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(tree, DictConfig):
+            tree = OmegaConf.to_container(tree, resolve=True)
+    except ImportError:  # pragma: no cover - hydra-core is a hard dependency
+        pass
+    data = {k: v for k, v in dict(tree).items() if k not in ("hydra", "experiment")}
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_describe(err)) from None

@@ -1,0 +1,303 @@
+"""Validated configuration: what is served, on what, how it is laid out, and what it is asked.
+
+Every model is strict (unknown keys are errors) and every cross-field rule lives in
+`RunConfig`'s validators, so a bad scenario fails before anything is simulated, with a message
+that names the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+GB = 1e9
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DraftModelSpec(StrictModel):
+    """The speculative-decoding draft model (an MTP-style module with its own MoE)."""
+
+    num_layers: PositiveInt = 1
+    num_routed_experts: PositiveInt
+    experts_per_token: PositiveInt
+    moe_intermediate_size: PositiveInt
+    params: PositiveFloat = Field(description="total draft parameters (params)")
+
+
+class ModelSpec(StrictModel):
+    """A mixture-of-experts model, as data (one YAML file per model under scenarios/model/)."""
+
+    name: str
+    total_params: PositiveFloat = Field(description="all parameters (params)")
+    num_layers: PositiveInt
+    num_moe_layers: PositiveInt
+    hidden_size: PositiveInt
+    num_routed_experts: PositiveInt
+    experts_per_token: PositiveInt
+    num_shared_experts: int = Field(ge=0)
+    moe_intermediate_size: PositiveInt
+    weight_bytes_per_param: PositiveFloat = Field(
+        description="bytes per weight incl. block scales (FP4 with FP8 scales: 0.5625)")
+    kv_bytes_per_token: PositiveFloat = Field(description="global KV cache bytes per token")
+    context_window: PositiveInt = Field(description="max tokens per request")
+    sliding_window: PositiveInt = Field(description="tokens attended densely (sliding window)")
+    attention_topk_tokens: PositiveInt = Field(
+        description="tokens a sparse-attention query selects beyond the window")
+    indexer_bytes_per_token: float = Field(ge=0, description="indexer key bytes per token")
+    draft: DraftModelSpec | None = None
+
+    @property
+    def expert_params(self) -> float:
+        """Parameters of one routed expert in one layer (gate, up, down)."""
+        return 3.0 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def routed_params(self) -> float:
+        return self.expert_params * self.num_routed_experts * self.num_moe_layers
+
+    @property
+    def dense_params(self) -> float:
+        """Everything that is not a routed expert: attention, shared experts, embeddings."""
+        return self.total_params - self.routed_params
+
+    @property
+    def active_params(self) -> float:
+        return self.dense_params + self.expert_params * self.experts_per_token * self.num_moe_layers
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.experts_per_token > self.num_routed_experts:
+            raise ValueError("experts_per_token exceeds num_routed_experts")
+        if self.num_moe_layers > self.num_layers:
+            raise ValueError("num_moe_layers exceeds num_layers")
+        if self.routed_params >= self.total_params:
+            raise ValueError(
+                f"routed experts alone hold {self.routed_params:.3g} params, more than "
+                f"total_params={self.total_params:.3g}: check hidden_size / moe_intermediate_size")
+        return self
+
+
+class HardwareSpec(StrictModel):
+    """One GPU system, as data (one YAML file per system under scenarios/hardware/)."""
+
+    name: str
+    gpus_per_rack: PositiveInt
+    hbm_bytes: PositiveFloat = Field(description="usable HBM per GPU (bytes)")
+    hbm_bw_bytes_s: PositiveFloat = Field(description="peak HBM bandwidth per GPU (bytes/s)")
+    flops: dict[str, PositiveFloat] = Field(description="dense peak FLOP/s per GPU by dtype")
+    nvlink_bw_bytes_s: PositiveFloat = Field(description="NVLink bandwidth per GPU, one direction")
+    host_mem_bytes_per_gpu: float = Field(ge=0, description="CPU memory per GPU for KV offload")
+    host_link_bw_bytes_s: PositiveFloat = Field(description="CPU<->GPU bandwidth per GPU")
+    cpu_cores_per_gpu: PositiveInt
+    power_w: PositiveFloat
+
+
+class SpeculativeSpec(StrictModel):
+    num_draft_tokens: int = Field(ge=0)
+    accepted_tokens_per_step: PositiveFloat = Field(
+        description="tokens emitted per decode step per request (1 + accepted drafts)")
+
+    @model_validator(mode="after")
+    def _check(self) -> SpeculativeSpec:
+        if self.accepted_tokens_per_step > 1 + self.num_draft_tokens:
+            raise ValueError(
+                f"accepted_tokens_per_step={self.accepted_tokens_per_step} exceeds "
+                f"1 + num_draft_tokens={1 + self.num_draft_tokens}")
+        return self
+
+
+class PrefillSpec(StrictModel):
+    instances: PositiveInt
+    gpus_per_instance: PositiveInt
+    parallelism: Literal["DEP", "TP"] = "DEP"
+    max_num_batched_tokens: PositiveInt = Field(description="token budget per step per rank")
+    max_num_seqs: PositiveInt = 64
+
+
+class DecodeSpec(StrictModel):
+    gpus: PositiveInt = Field(description="DEP width: data-parallel attention ranks = EP ranks")
+    parallelism: Literal["DEP", "TP"] = "DEP"
+    max_num_seqs_per_rank: PositiveInt
+    kv_load_cap_per_step: PositiveInt | None = Field(
+        default=None, description="max new KV loads admitted per step (None = no cap)")
+    speculative: SpeculativeSpec
+
+
+class KvTransferSpec(StrictModel):
+    mode: Literal["push", "pull"] = "push"
+    latency_ms: float = Field(ge=0, description="fixed per-transfer setup latency (ms)")
+    efficiency: float = Field(gt=0, le=1, description="achieved share of NVLink bandwidth")
+
+
+class EplbSpec(StrictModel):
+    enabled: bool = True
+    redundant_experts: int = Field(default=0, ge=0)
+    interval_steps: PositiveInt = 3000
+    window_steps: PositiveInt = 1000
+
+
+class CacheSpec(StrictModel):
+    block_tokens: Literal[64] = 64
+    gpu_memory_utilization: float = Field(gt=0, le=1)
+    activation_reserve_bytes: float = Field(ge=0, description="per GPU, kept for activations")
+    host_offload: bool = True
+
+
+class DeploymentSpec(StrictModel):
+    name: str
+    racks: PositiveInt = 1
+    prefill: PrefillSpec
+    decode: DecodeSpec
+    kv_transfer: KvTransferSpec
+    router: Literal["round_robin", "least_loaded", "session_affinity", "prefix_affinity"]
+    eplb: EplbSpec
+    allreduce: Literal["ring", "recursive_doubling"] = "recursive_doubling"
+    cache: CacheSpec
+
+    @property
+    def num_gpus(self) -> int:
+        return self.prefill.instances * self.prefill.gpus_per_instance + self.decode.gpus
+
+
+class SyntheticSessionsSpec(StrictModel):
+    """Parameters of the built-in session-graph generator (see rackSim.workload.synthetic)."""
+
+    turns_mean: PositiveFloat
+    first_prompt_tokens_mean: PositiveFloat
+    new_tokens_per_turn_mean: PositiveFloat
+    output_tokens_mean: PositiveFloat
+    tool_delay_s_mean: float = Field(ge=0)
+    subagent_prob: float = Field(ge=0, le=1)
+    subagent_fanout_max: PositiveInt
+    subagent_turns_mean: PositiveFloat
+    max_context_tokens: PositiveInt
+
+
+class ReplaySpec(StrictModel):
+    concurrency: PositiveInt = Field(description="live agent clients (closed loop)")
+    primer: bool = True
+    warmup_requests_per_lane: int = Field(ge=0)
+    window_s: PositiveFloat = Field(description="measurement window (simulated seconds)")
+    drain_s: float = Field(default=0.0, ge=0, description="run on after the window (s)")
+
+
+class WorkloadSpec(StrictModel):
+    name: str
+    source: Literal["synthetic", "jsonl"] = "synthetic"
+    path: Path | None = None
+    num_sessions: PositiveInt = 393
+    synthetic: SyntheticSessionsSpec | None = None
+    replay: ReplaySpec
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkloadSpec:
+        if self.source == "synthetic" and self.synthetic is None:
+            raise ValueError("source 'synthetic' needs a 'synthetic' section")
+        if self.source != "synthetic":
+            if self.path is None:
+                raise ValueError(f"source '{self.source}' needs 'path'")
+            if not Path(self.path).is_file():
+                raise ValueError(f"path: no such file '{self.path}'")
+        return self
+
+
+class PricingSpec(StrictModel):
+    name: str
+    cached_input_usd_per_mtok: float = Field(ge=0)
+    uncached_input_usd_per_mtok: float = Field(ge=0)
+    output_usd_per_mtok: float = Field(ge=0)
+    gpu_hour_usd: float = Field(ge=0, description="cost of one GPU-hour")
+
+
+class PerfSpec(StrictModel):
+    """Which step-time model prices the steps, and its calibration profile."""
+
+    model: Literal["roofline", "calibrated"] = "roofline"
+    profile: Path | None = None
+    hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
+    flops_efficiency: float = Field(default=0.6, gt=0, le=1)
+    weight_dtype: str = "fp4"
+
+    @model_validator(mode="after")
+    def _check(self) -> PerfSpec:
+        if self.model == "calibrated":
+            if self.profile is None:
+                raise ValueError("model 'calibrated' needs 'profile'")
+            if not Path(self.profile).is_file():
+                raise ValueError(f"profile: no such file '{self.profile}'")
+        return self
+
+
+class RunConfig(StrictModel):
+    model: ModelSpec
+    hardware: HardwareSpec
+    deployment: DeploymentSpec
+    workload: WorkloadSpec
+    pricing: PricingSpec
+    perf: PerfSpec = PerfSpec()
+    seed: int = 0
+    trace_tokens: bool = Field(
+        default=False, description="record every emission time per request (small runs only)")
+    progress: bool = True
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> RunConfig:
+        m, hw, d = self.model, self.hardware, self.deployment
+        total = d.racks * hw.gpus_per_rack
+        if d.num_gpus > total:
+            raise ValueError(
+                f"deployment: {d.num_gpus} GPUs ({d.prefill.instances} prefill x "
+                f"{d.prefill.gpus_per_instance} + decode {d.decode.gpus}) exceed "
+                f"deployment.racks={d.racks} x hardware.gpus_per_rack={hw.gpus_per_rack} = {total};"
+                " add racks or shrink the layout")
+        if self.perf.weight_dtype not in hw.flops:
+            raise ValueError(
+                f"perf.weight_dtype '{self.perf.weight_dtype}' not in hardware.flops "
+                f"{sorted(hw.flops)}")
+        experts = m.num_routed_experts + d.eplb.redundant_experts
+        for where, ep in (("decode.gpus", d.decode.gpus),
+                          ("prefill.gpus_per_instance", d.prefill.gpus_per_instance)):
+            if experts % ep:
+                raise ValueError(
+                    f"deployment.{where}={ep}: {m.num_routed_experts} routed + "
+                    f"{d.eplb.redundant_experts} redundant experts cannot be spread evenly over "
+                    f"{ep} EP ranks; pick a width that divides {experts}")
+        if m.draft is not None and m.draft.num_routed_experts % d.decode.gpus and \
+                d.decode.gpus <= m.draft.num_routed_experts:
+            raise ValueError(
+                f"deployment.decode.gpus={d.decode.gpus}: draft model's "
+                f"{m.draft.num_routed_experts} experts cannot be spread over it")
+        for role, gpus in (("prefill", d.prefill.gpus_per_instance), ("decode", d.decode.gpus)):
+            kv = kv_bytes_per_gpu(self, gpus)
+            need = m.context_window * m.kv_bytes_per_token
+            if kv < need:
+                raise ValueError(
+                    f"deployment.{role}: weights {weights_bytes_per_gpu(m, d, gpus) / GB:.1f} GB "
+                    f"+ activations leave {max(kv, 0) / GB:.2f} GB of KV per GPU, less than one "
+                    f"full-context request ({need / GB:.2f} GB); widen the instance or lower "
+                    "cache.activation_reserve_bytes")
+        return self
+
+
+def weights_bytes_per_gpu(m: ModelSpec, d: DeploymentSpec, gpus: int) -> float:
+    """Weight bytes resident on each GPU of an instance `gpus` wide.
+
+    Routed experts (plus redundant copies) are spread over the EP ranks; everything else
+    (attention, shared experts, embeddings, draft model) is replicated on every rank.
+    """
+    experts_per_rank = (m.num_routed_experts + d.eplb.redundant_experts) / gpus
+    routed = m.expert_params * m.num_moe_layers * experts_per_rank
+    draft = m.draft.params if m.draft else 0.0
+    return (routed + m.dense_params + draft) * m.weight_bytes_per_param
+
+
+def kv_bytes_per_gpu(cfg: RunConfig, gpus: int) -> float:
+    """HBM left for KV cache on each GPU of an instance `gpus` wide (bytes)."""
+    hw, d = cfg.hardware, cfg.deployment
+    usable = hw.hbm_bytes * d.cache.gpu_memory_utilization
+    return usable - weights_bytes_per_gpu(cfg.model, d, gpus) - d.cache.activation_reserve_bytes

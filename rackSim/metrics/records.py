@@ -1,0 +1,87 @@
+"""One record schema for simulated and measured runs.
+
+The engine and the validated-mode driver both emit `RequestRecord`s (one per request) and step
+rows with `STEP_COLUMNS` (one per engine step), so `rackSim.metrics` compares them with the same
+code. Times are seconds since the run started; durations are milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+NAN = math.nan
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request.
+
+    send_s: when the client sent it. first_token_s: when its first output token reached the
+    client (NaN if none). finish_s: last token or failure. prompt_tokens = cached_tokens +
+    uncached tokens; cached_tokens is the prefix-cache hit reported for it. output_tokens: tokens
+    received. token_times_s: every token's arrival, when recorded (real runs, or simulations with
+    `trace_tokens`); otherwise empty. error: None when it succeeded. The sim-only stage times
+    (prefill_start_s, prefill_end_s, kv_ready_s, decode_start_s) are NaN for measured runs.
+    """
+
+    session_id: str
+    rid: int
+    lane: int
+    agent: int
+    send_s: float
+    prompt_tokens: int
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    first_token_s: float = NAN
+    finish_s: float = NAN
+    error: str | None = None
+    prefill_instance: int = -1
+    decode_rank: int = -1
+    prefill_start_s: float = NAN
+    prefill_end_s: float = NAN
+    kv_ready_s: float = NAN
+    decode_start_s: float = NAN
+    kv_bytes_moved: float = 0.0
+    phase: str = "window"  # primer | warmup | window | drain
+    token_times_s: list[float] = field(default_factory=list)
+
+    @property
+    def uncached_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def ttft_ms(self) -> float:
+        return (self.first_token_s - self.send_s) * 1e3
+
+    @property
+    def tpot_ms(self) -> float:
+        """Mean time per output token after the first (ms); NaN with fewer than 2 tokens."""
+        if self.output_tokens < 2:
+            return NAN
+        return (self.finish_s - self.first_token_s) * 1e3 / (self.output_tokens - 1)
+
+    def as_row(self) -> dict:
+        row = asdict(self)
+        row["token_times_s"] = list(self.token_times_s)
+        return row
+
+
+REQUEST_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
+
+STEP_COLUMNS: tuple[str, ...] = (
+    "instance",          # e.g. "prefill-3", "decode"
+    "step",              # step index within the instance
+    "start_s",
+    "duration_ms",
+    "prefill_requests",  # requests with a prompt chunk in the step
+    "prefill_tokens",    # prompt tokens computed in the step
+    "decode_requests",   # requests generating in the step
+    "decode_tokens",     # tokens emitted in the step
+    "context_tokens",    # tokens of context attended (sum over requests)
+    "new_loads",         # KV loads admitted (decode)
+    "balancedness",      # EPLB mean/max rank load (NaN when not modelled)
+    "moe_ms", "attention_ms", "indexer_ms", "dense_ms", "comm_ms", "draft_ms", "cpu_ms",
+    "sync_ms", "straggler_ms", "kv_stall_ms",
+)
+"""Columns of a step table; simulated rows fill all, measured rows leave unknowns NaN."""

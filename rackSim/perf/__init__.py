@@ -1,0 +1,21 @@
+"""Step-time models: pure cost functions the engine asks for every step it simulates."""
+
+from __future__ import annotations
+
+from rackSim.config.specs import RunConfig
+from rackSim.perf.step import COMPONENTS, DecodeBatch, PrefillBatch, StepBreakdown, StepModel
+
+
+def build_step_model(cfg: RunConfig, role: str) -> StepModel:
+    """A fresh step model for one instance (`role` is 'prefill' or 'decode')."""
+    if cfg.perf.model == "calibrated":
+        from rackSim.perf.calibrated import CalibratedStepModel
+
+        return CalibratedStepModel(cfg, role=role)
+    from rackSim.perf.roofline import RooflineStepModel
+
+    return RooflineStepModel(cfg)
+
+
+__all__ = ["COMPONENTS", "DecodeBatch", "PrefillBatch", "StepBreakdown", "StepModel",
+           "build_step_model"]

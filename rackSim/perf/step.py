@@ -1,0 +1,98 @@
+"""What the engine asks `perf/`: the cost of one step of one instance, with a named breakdown.
+
+The engine keeps batch aggregates up to date on admit / retire and hands them over as a
+`PrefillBatch` or `DecodeBatch`; a `StepModel` answers with a `StepBreakdown` in milliseconds.
+Step models may hold state that evolves with the steps they price (EPLB load history, a
+seeded straggler generator) but never touch SimPy or globals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class StepBreakdown:
+    """Milliseconds spent in each part of a step; `total_ms` is their sum."""
+
+    moe: float = 0.0
+    attention: float = 0.0
+    indexer: float = 0.0
+    dense: float = 0.0
+    comm: float = 0.0
+    draft: float = 0.0
+    cpu: float = 0.0
+    sync: float = 0.0
+    straggler: float = 0.0
+    kv_stall: float = 0.0
+
+    @property
+    def total_ms(self) -> float:
+        return (self.moe + self.attention + self.indexer + self.dense + self.comm + self.draft
+                + self.cpu + self.sync + self.straggler + self.kv_stall)
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def with_kv_stall(self, ms: float) -> StepBreakdown:
+        if ms <= 0:
+            return self
+        d = self.as_dict()
+        d["kv_stall"] += ms
+        return StepBreakdown(**d)
+
+
+COMPONENTS: tuple[str, ...] = tuple(f.name for f in fields(StepBreakdown))
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillBatch:
+    """One chunked-prefill step of an instance.
+
+    new_tokens: tokens computed this step over all requests (their chunks), summed over ranks.
+    attended_tokens: sum over the batch of (tokens before the chunk + chunk) - the context the
+        chunk's queries attend to (cached prefix included).
+    num_requests: requests with a chunk in this step.
+    admitted_prompt_tokens: prompt tokens of requests admitted this step (CPU admission work).
+    host_loaded_bytes: KV bytes promoted from the host tier for this step's requests.
+    ranks: GPUs of the instance (DEP width or TP size).
+    """
+
+    new_tokens: int
+    attended_tokens: int
+    num_requests: int
+    admitted_prompt_tokens: int
+    ranks: int
+    host_loaded_bytes: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeBatch:
+    """One decode step of a DEPn (or TP) instance.
+
+    requests_per_rank / context_tokens_per_rank: live aggregates, one entry per DP rank.
+    tokens_per_request: tokens each request emits this step (1 + accepted drafts, mean).
+    draft_tokens: draft tokens proposed per request per step (verified in the step).
+    new_loads: requests admitted this step (their KV just arrived).
+    admitted_prompt_tokens: prompt tokens of those requests (CPU admission work).
+    step_index: the instance's step counter (stateful models key history on it).
+    """
+
+    requests_per_rank: Sequence[int]
+    context_tokens_per_rank: Sequence[float]
+    tokens_per_request: float
+    draft_tokens: int
+    new_loads: int
+    admitted_prompt_tokens: int
+    step_index: int
+
+
+class StepModel(Protocol):
+    """Prices steps of one instance. One object per instance: it may carry that instance's
+    EPLB history and straggler state."""
+
+    def prefill_step(self, batch: PrefillBatch) -> StepBreakdown: ...
+
+    def decode_step(self, batch: DecodeBatch) -> StepBreakdown: ...

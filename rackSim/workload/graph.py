@@ -1,0 +1,128 @@
+"""Session graphs: agentic sessions as requests with prefix and dependency edges.
+
+A request's prompt is the first `prefix_tokens` of its *prefix parent's* context (that parent's
+prompt + output) followed by `new_tokens` of its own. The prompts of a session therefore form a
+prefix tree: each request owns one node, covering the tokens of its context past the point where
+it branched off its parent. KV blocks are 64 tokens, aligned to absolute positions; a block that
+straddles a branch point holds the child's tokens, so it belongs to the child's node.
+
+A *prompt path* lists, root first, the nodes a prompt runs through and how many full blocks of
+each it covers: `((node_key, blocks), ...)`. Caches track residency per node (blocks resident
+from the node's first block), so a prefix lookup costs O(depth), not O(blocks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BLOCK_TOKENS = 64
+
+PromptPath = tuple[tuple[int, int], ...]
+"""((node_key, full_blocks_covered), ...), root first."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One LLM call inside a session.
+
+    rid: index within the session (requests are stored in topological order).
+    parent: prefix parent (its context starts this prompt), or None for a fresh prompt.
+    prefix_tokens: tokens taken from the parent's context (<= its prompt + output).
+    new_tokens: new input tokens appended (tool results, user turn, instructions).
+    output_tokens: tokens to generate (forced: ignore_eos).
+    after: requests that must finish before this one is sent (chain predecessor, joins).
+    delay_s: time between the last of `after` finishing and the send (tool / think time).
+    agent: 0 for the main agent, i > 0 for the i-th subagent branch of the session.
+    path: an explicit prompt path with global node keys (trace loaders); None = derived.
+    """
+
+    rid: int
+    parent: int | None
+    prefix_tokens: int
+    new_tokens: int
+    output_tokens: int
+    after: tuple[int, ...] = ()
+    delay_s: float = 0.0
+    agent: int = 0
+    path: PromptPath | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.prefix_tokens + self.new_tokens
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class SessionGraph:
+    """A session: requests in topological order (every edge points to a lower rid)."""
+
+    session_id: str
+    requests: tuple[RequestSpec, ...]
+    start_s: float | None = None  # open-loop arrival offset (timestamped traces); None = closed
+
+    def roots(self) -> list[int]:
+        return [r.rid for r in self.requests if not r.after]
+
+    def children(self) -> dict[int, list[int]]:
+        """rid -> requests that wait on it."""
+        out: dict[int, list[int]] = {r.rid: [] for r in self.requests}
+        for r in self.requests:
+            for a in r.after:
+                out[a].append(r.rid)
+        return out
+
+
+@dataclass(slots=True)
+class SessionInstance:
+    """One replay of a session graph; `key_base` makes its prefix-tree nodes unique."""
+
+    graph: SessionGraph
+    key_base: int
+    lane: int = 0
+    _paths: dict[int, PromptPath] = field(default_factory=dict)
+
+    def node_key(self, rid: int) -> int:
+        return self.key_base + rid
+
+    def prompt_path(self, rid: int) -> PromptPath:
+        """Nodes and full blocks covered by request `rid`'s prompt, root first."""
+        cached = self._paths.get(rid)
+        if cached is None:
+            cached = self._paths[rid] = self._path(rid, self.graph.requests[rid].prompt_tokens)
+        return cached
+
+    def context_path(self, rid: int) -> PromptPath:
+        """Like `prompt_path` but through the generated output too (what decode holds after)."""
+        return self._path(rid, self.graph.requests[rid].context_tokens)
+
+    def _path(self, rid: int, end_tokens: int) -> PromptPath:
+        reqs = self.graph.requests
+        r = reqs[rid]
+        if r.path is not None:
+            if end_tokens == r.prompt_tokens:
+                return r.path
+            extra = end_tokens // BLOCK_TOKENS - r.prompt_tokens // BLOCK_TOKENS
+            *head, (node, blocks) = r.path
+            return (*head, (node, blocks + extra))
+        path = []
+        own = end_tokens // BLOCK_TOKENS - r.prefix_tokens // BLOCK_TOKENS
+        if own > 0:
+            path.append((self.key_base + rid, own))
+        pos, p = r.prefix_tokens, r.parent
+        while p is not None:
+            q = reqs[p]
+            if pos > q.prefix_tokens:
+                blocks = pos // BLOCK_TOKENS - q.prefix_tokens // BLOCK_TOKENS
+                if blocks > 0:
+                    path.append((self.key_base + p, blocks))
+                pos = q.prefix_tokens
+            p = q.parent
+        path.reverse()
+        return tuple(path)
+
+
+def path_blocks(path: PromptPath) -> int:
+    return sum(b for _, b in path)
