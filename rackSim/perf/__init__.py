@@ -6,12 +6,13 @@ from rackSim.config.specs import RunConfig
 from rackSim.perf.step import COMPONENTS, DecodeBatch, PrefillBatch, StepBreakdown, StepModel
 
 
-def build_step_model(cfg: RunConfig, role: str) -> StepModel:
-    """A fresh step model for one instance (`role` is 'prefill' or 'decode')."""
+def build_step_model(cfg: RunConfig, role: str, seed: int = 0) -> StepModel:
+    """A fresh step model for one instance (`role` is 'prefill' or 'decode'); `seed` drives
+    its stochastic parts (stragglers, expert-popularity drift)."""
     if cfg.perf.model == "calibrated":
         from rackSim.perf.calibrated import CalibratedStepModel
 
-        return CalibratedStepModel(cfg, role=role)
+        return CalibratedStepModel(cfg, role=role, seed=seed)
     from rackSim.perf.roofline import RooflineStepModel
 
     return RooflineStepModel(cfg)
