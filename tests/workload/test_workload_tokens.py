@@ -1,0 +1,97 @@
+"""Token ids and block hashes agree with the prefix tree."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies_workload import session_graphs
+
+from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, SessionInstance
+from rackSim.workload.tokens import (
+    FIRST_TOKEN_ID,
+    block_hashes,
+    prompt_token_ids,
+    token_block_hashes,
+)
+
+
+def _common(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.nonzero(a[:n] != b[:n])[0]
+    return int(diff[0]) if len(diff) else n
+
+
+def _tree_shared_tokens(g: SessionGraph, a: int, b: int) -> int:
+    """Tokens two prompts share by construction: walk each to its owner chain, reference impl."""
+    def owner(rid: int, pos: int) -> int:
+        r = g.requests[rid]
+        while pos < r.prefix_tokens:
+            r = g.requests[r.parent]
+        return r.rid
+    ra, rb = g.requests[a], g.requests[b]
+    n = min(ra.prompt_tokens, rb.prompt_tokens)
+    for pos in range(n):
+        if owner(a, pos) != owner(b, pos):
+            return pos
+    return n
+
+
+@settings(max_examples=60, deadline=None)
+@given(session_graphs(), st.data())
+def test_token_ids_share_exactly_the_tree_prefix(g: SessionGraph, data: st.DataObject) -> None:
+    inst = SessionInstance(g, key_base=5 << 20)
+    a = data.draw(st.integers(0, len(g.requests) - 1))
+    b = data.draw(st.integers(0, len(g.requests) - 1))
+    ta, tb = prompt_token_ids(inst, a), prompt_token_ids(inst, b)
+    assert len(ta) == g.requests[a].prompt_tokens
+    assert ta.min(initial=FIRST_TOKEN_ID) >= FIRST_TOKEN_ID and ta.max(initial=0) < 32_000
+    shared = _tree_shared_tokens(g, a, b)
+    assert np.array_equal(ta[:shared], tb[:shared])
+    # past the branch point the next token differs unless a 1/32000 id collision happens
+    if shared < min(len(ta), len(tb)):
+        assert _common(ta, tb) <= shared + 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(session_graphs(), st.data())
+def test_block_hashes_match_token_content(g: SessionGraph, data: st.DataObject) -> None:
+    inst = SessionInstance(g, key_base=7 << 20)
+    a = data.draw(st.integers(0, len(g.requests) - 1))
+    b = data.draw(st.integers(0, len(g.requests) - 1))
+    ha, hb = block_hashes(inst, a), block_hashes(inst, b)
+    assert len(ha) == g.requests[a].prompt_tokens // BLOCK_TOKENS
+    ca = token_block_hashes(prompt_token_ids(inst, a))
+    cb = token_block_hashes(prompt_token_ids(inst, b))
+    assert _common(ha, hb) == _common(ca, cb)
+
+
+@settings(max_examples=30, deadline=None)
+@given(session_graphs())
+def test_different_sessions_never_share_hashes(g: SessionGraph) -> None:
+    one, two = SessionInstance(g, key_base=1 << 20), SessionInstance(g, key_base=2 << 20)
+    for r in g.requests:
+        assert not set(block_hashes(one, r.rid)) & set(block_hashes(two, r.rid))
+
+
+def test_long_prompt_is_vectorised_and_deterministic() -> None:
+    reqs = (RequestSpec(0, None, 0, 100_000, 500),
+            RequestSpec(1, 0, 100_500, 30_572, 10, after=(0,)))
+    inst = SessionInstance(SessionGraph("long", reqs), key_base=3 << 20)
+    ids = prompt_token_ids(inst, 1, vocab_size=129_280)
+    assert len(ids) == 131_072
+    assert np.array_equal(ids, prompt_token_ids(inst, 1, vocab_size=129_280))
+    # first request's prompt is a prefix of the second one's
+    assert np.array_equal(prompt_token_ids(inst, 0, vocab_size=129_280), ids[:100_000])
+    # roughly uniform over the vocabulary
+    assert abs(ids.mean() - (4 + 129_279) / 2) < 0.01 * 129_280
+
+
+def test_explicit_path_tokens_follow_global_nodes() -> None:
+    a = RequestSpec(0, None, 0, 1100, 5, path=((1 << 62, 8), (1 << 62 | 1, 9)))
+    b = RequestSpec(0, None, 0, 600, 5, path=((1 << 62, 8), (1 << 62 | 2, 1)))
+    ia = SessionInstance(SessionGraph("a", (a,)), key_base=1 << 20)
+    ib = SessionInstance(SessionGraph("b", (b,)), key_base=2 << 20)
+    ta, tb = prompt_token_ids(ia, 0), prompt_token_ids(ib, 0)
+    assert _common(ta, tb) == 512
+    assert _common(block_hashes(ia, 0), block_hashes(ib, 0)) == 8
