@@ -1,0 +1,70 @@
+"""Console entry points. Each parses its arguments and hands over to a package; no logic here.
+
+racksim            - simulate a Hydra scenario (scenarios/): `racksim deployment.decode.gpus=16`
+racksim-calibrate  - fit calibration profiles (rackSim.calibrate)
+racksim-validate   - drive real vLLM servers, recalibrate, compare (rackSim.validate)
+racksim-workload   - describe a workload (rackSim.workload)
+racksim-plot       - figures from a sweep table (rackSim.report)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+SCENARIOS = str(Path(__file__).resolve().parent.parent / "scenarios")
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+@hydra.main(config_path=SCENARIOS, config_name="config", version_base=None)
+def _run(tree: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from rackSim.config import ConfigError, load_run_config
+    from rackSim.report.table import format_summary
+    from rackSim.run import simulate_to
+
+    try:
+        cfg = load_run_config(tree)
+    except ConfigError as err:
+        print(f"racksim: {err}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    out = Path(HydraConfig.get().runtime.output_dir)
+    result = simulate_to(cfg, out)
+    print(format_summary(result.summary, title=f"{result.summary['scenario']}  ->  {out}"))
+    if result.summary.get("partial"):
+        print("racksim: interrupted; results written and marked PARTIAL", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    return result.summary["throughput_tok_s_gpu"]
+
+
+def run() -> None:
+    _run()
+
+
+def calibrate() -> None:
+    from rackSim.calibrate.command import main
+
+    sys.exit(main())
+
+
+def validate() -> None:
+    from rackSim.validate.command import main
+
+    sys.exit(main())
+
+
+def workload() -> None:
+    from rackSim.workload.command import main
+
+    sys.exit(main())
+
+
+def plot() -> None:
+    from rackSim.report.command import main
+
+    sys.exit(main())

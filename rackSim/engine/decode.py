@@ -1,0 +1,203 @@
+"""The decode instance: DP attention ranks, continuous batching, speculative decoding.
+
+Its loop reads like vLLM's: admit requests whose KV has arrived, run one step, emit tokens,
+retire. Work per step does not grow with the batch: per-rank aggregates (requests, context
+tokens) change on admit / retire, and each request's last step is fixed when it is admitted.
+
+Token emission (forced acceptance): a request's first step emits 1 token; each later step
+emits `a` = accepted_tokens_per_step on average. Its k-th later step emits
+floor(a k) - floor(a (k - 1)) tokens (3 or 4 for a = 3.25), so it needs
+1 + ceil((N - 1) / a) steps for N tokens, and inter-token latency is recorded as
+(step duration / a, weight a) for the mid steps and exactly for its last step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+
+import simpy
+
+from rackSim.engine.prefix_cache import BlockCache
+from rackSim.engine.request import Job
+from rackSim.metrics.histogram import LatencyHistogram
+from rackSim.perf.step import DecodeBatch, StepModel
+
+
+def decode_steps(output_tokens: int, a: float) -> int:
+    """Decode steps needed to emit `output_tokens` (first step 1 token, then `a` per step)."""
+    if output_tokens <= 1:
+        return 1
+    return 1 + math.ceil((output_tokens - 1) / a - 1e-9)
+
+
+def emitted_after(later_steps: int, a: float) -> int:
+    """Tokens emitted by a request's first `later_steps` steps after its first one."""
+    return math.floor(a * later_steps + 1e-9)
+
+
+class DecodeInstance:
+    def __init__(self, env: simpy.Environment, ranks: int, max_seqs_per_rank: int,
+                 load_cap: int | None, accepted: float, draft_tokens: int,
+                 caches: list[BlockCache], model: StepModel,
+                 read_ms: Callable[[float], float] | None,
+                 itl: LatencyHistogram, in_window: Callable[[float], bool],
+                 trace_tokens: bool, on_step: Callable[..., None]):
+        self.env, self.ranks = env, ranks
+        self.max_seqs, self.load_cap = max_seqs_per_rank, load_cap
+        self.a, self.draft_tokens = accepted, draft_tokens
+        self.caches, self.model = caches, model
+        self.read_ms = read_ms  # pull mode: synchronous KV read time (ms) per load
+        self.itl, self.in_window = itl, in_window
+        self.trace_tokens, self.on_step = trace_tokens, on_step
+        self.ready: deque[Job] = deque()
+        self.n_req = [0] * ranks
+        self.pending = [0] * ranks  # placed on the rank, KV not admitted yet
+        self.ctx = [0.0] * ranks
+        self.running: dict[int, Job] = {}
+        self._finish: dict[int, list[Job]] = {}
+        self.step = 0
+        self._wake: simpy.Event | None = None
+        self._affinity: dict[int, int] = {}  # session key base -> rank it last used
+        env.process(self._loop())
+
+    # -- placement ------------------------------------------------------------------------
+    def choose_rank(self, job: Job) -> tuple[int, int]:
+        """DP rank for a request and how many of its prompt blocks that rank already holds.
+
+        The rank that served the session last while it still holds the session's prefix and
+        has a free slot (its KV need not move again); otherwise the least-loaded rank.
+        """
+        load = [n + p for n, p in zip(self.n_req, self.pending, strict=True)]
+        prev = self._affinity.get(job.inst.key_base)
+        rank = None
+        if prev is not None and load[prev] < self.max_seqs and self.caches[prev].lookup(job.path):
+            rank = prev
+        if rank is None:
+            rank = min(range(self.ranks), key=lambda r: (load[r], r))
+        self.pending[rank] += 1
+        return rank, self.caches[rank].lookup(job.path)
+
+    def deliver(self, job: Job) -> None:
+        """KV of `job` is on its rank (push) or readable (pull): it may be admitted."""
+        job.rec.kv_ready_s = self.env.now
+        self.ready.append(job)
+        if self._wake is not None:
+            self._wake.succeed()
+            self._wake = None
+
+    # -- the step loop ---------------------------------------------------------------------
+    def _admit(self) -> tuple[list[Job], float, int]:
+        admitted: list[Job] = []
+        stall = [0.0] * self.ranks if self.read_ms else None
+        prompt_tokens = 0
+        cap = self.load_cap if self.load_cap is not None else len(self.ready)
+        skipped: list[Job] = []
+        while self.ready and len(admitted) < cap:
+            job = self.ready.popleft()
+            r = job.decode_rank
+            cache = self.caches[r]
+            full = job.inst.context_path(job.spec.rid)
+            if self.n_req[r] >= self.max_seqs or not cache.can_hold(full):
+                skipped.append(job)
+                if len(skipped) >= 4 * self.ranks:
+                    break
+                continue
+            cache.insert(full)
+            cache.pin(full)
+            job.path = full
+            steps = decode_steps(job.output_tokens, self.a)
+            job.steps, job.admit_step = steps, self.step
+            job.finish_step = self.step + steps - 1
+            self._finish.setdefault(job.finish_step, []).append(job)
+            self.n_req[r] += 1
+            self.pending[r] -= 1
+            self.ctx[r] += job.prompt_tokens
+            self.running[id(job)] = job
+            job.rec.decode_start_s = self.env.now
+            job.rec.decode_rank = r
+            prompt_tokens += job.prompt_tokens
+            if stall is not None:
+                stall[r] += self.read_ms(job.rec.kv_bytes_moved)
+            admitted.append(job)
+        self.ready.extendleft(reversed(skipped))
+        return admitted, (max(stall) if stall else 0.0), prompt_tokens
+
+    def _loop(self):
+        env, a = self.env, self.a
+        while True:
+            if not self.running and not self.ready:
+                self._wake = env.event()
+                yield self._wake
+            admitted, stall_ms, prompt_tokens = self._admit()
+            if not self.running:  # every ready request is blocked: wait for a change
+                self._wake = env.event()
+                yield self._wake
+                continue
+            batch = DecodeBatch(requests_per_rank=self.n_req, context_tokens_per_rank=self.ctx,
+                                tokens_per_request=a, draft_tokens=self.draft_tokens,
+                                new_loads=len(admitted), admitted_prompt_tokens=prompt_tokens,
+                                step_index=self.step)
+            cost = self.model.decode_step(batch).with_kv_stall(stall_ms)
+            start = env.now
+            dur = cost.total_ms / 1e3
+            yield env.timeout(dur)
+            end = env.now
+            n_running = len(self.running)
+            retiring = self._finish.pop(self.step, [])
+            emitted = self._emit(admitted, retiring, n_running, dur, end)
+            self.on_step("decode", self.step, start, cost, 0, 0, n_running, emitted,
+                         sum(self.ctx), len(admitted))
+            for r in range(self.ranks):
+                self.ctx[r] += a * self.n_req[r]
+            for job in retiring:
+                self._retire(job, end)
+            self.step += 1
+
+    def _emit(self, admitted: list[Job], retiring: list[Job], n_running: int, dur: float,
+              end: float) -> float:
+        """Record first tokens and inter-token gaps of this step; returns tokens emitted."""
+        a = self.a
+        for job in admitted:
+            job.rec.first_token_s = end
+        mid = n_running - len(admitted)
+        emitted = float(len(admitted))
+        window = self.in_window(end)
+        for job in retiring:
+            if job.steps == 1:
+                continue
+            mid -= 1
+            last = job.output_tokens - 1 - emitted_after(job.steps - 2, a)
+            emitted += last
+            if window:
+                self.itl.add(dur * 1e3 / last, last)
+        emitted += a * mid
+        if window and mid > 0:
+            self.itl.add(dur * 1e3 / a, a * mid)
+        if self.trace_tokens:
+            self._trace(end)
+        return emitted
+
+    def _trace(self, end: float) -> None:
+        """Every running request's token times (tests and small runs only: O(batch))."""
+        for job in self.running.values():
+            k = self.step - job.admit_step  # steps after the first
+            n = 1 if k == 0 else emitted_after(k, self.a) - emitted_after(k - 1, self.a)
+            n = min(n, job.output_tokens - len(job.token_times))
+            job.token_times.extend([end] * n)
+
+    def _retire(self, job: Job, end: float) -> None:
+        r = job.decode_rank
+        self.n_req[r] -= 1
+        self.ctx[r] -= job.prompt_tokens + self.a * job.steps
+        if self.n_req[r] == 0:
+            self.ctx[r] = 0.0
+        del self.running[id(job)]
+        self.caches[r].unpin(job.path)
+        self._affinity[job.inst.key_base] = r
+        job.rec.finish_s = end
+        job.rec.output_tokens = job.output_tokens
+        if self.trace_tokens:
+            job.rec.token_times_s = job.token_times
+        job.on_done(job)

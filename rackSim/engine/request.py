@@ -1,0 +1,33 @@
+"""A request in flight through the simulated deployment."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rackSim.metrics.records import RequestRecord
+from rackSim.workload.graph import PromptPath, RequestSpec, SessionInstance
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """State of one request between send and retirement (all token counts in tokens)."""
+
+    spec: RequestSpec
+    inst: SessionInstance
+    path: PromptPath
+    rec: RequestRecord
+    on_done: Callable[[Job], None]
+    output_tokens: int
+    computed: int = 0          # prompt tokens whose KV exists on the prefill instance
+    host_blocks: int = 0       # cached blocks that must be promoted from host memory
+    decode_rank: int = -1
+    finish_step: int = -1
+    steps: int = 0             # decode steps it needs
+    admit_step: int = -1
+    emitted: float = 0.0
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.spec.prompt_tokens

@@ -1,0 +1,208 @@
+"""Assemble a simulated deployment from a RunConfig and run it.
+
+Data flow: clients -> router -> prefill instance (chunked prefill, prefix cache) -> KV transfer
+-> decode instance (DP ranks, continuous batching) -> clients. Every step and every request is
+recorded; inter-token latency goes into a histogram for the measurement window only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import simpy
+
+from rackSim.config.specs import RunConfig, kv_bytes_per_gpu
+from rackSim.engine.client import AgentClients
+from rackSim.engine.decode import DecodeInstance
+from rackSim.engine.kv_transfer import KvTransferChannel
+from rackSim.engine.prefill import PrefillInstance
+from rackSim.engine.prefix_cache import BlockCache, TieredPrefixCache
+from rackSim.engine.request import Job
+from rackSim.engine.router import Router
+from rackSim.metrics.histogram import LatencyHistogram
+from rackSim.metrics.records import RequestRecord
+from rackSim.perf import build_step_model
+from rackSim.perf.step import StepBreakdown
+from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, SessionInstance
+from rackSim.workload.replay import ClosedLoopReplay
+
+CHUNK_S = 5.0  # simulated seconds between progress updates / interrupt checks
+
+
+class CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts the events it schedules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events_scheduled = 0
+
+    def schedule(self, event, priority=1, delay=0):  # noqa: ANN001 - SimPy's signature
+        self.events_scheduled += 1
+        super().schedule(event, priority, delay)
+
+
+class WarmupTooLong(RuntimeError):
+    pass
+
+
+@dataclass
+class SimOutput:
+    """Everything a run produced (raw; `rackSim.metrics` turns it into a Result)."""
+
+    requests: list[RequestRecord]
+    steps: list[tuple]
+    itl: LatencyHistogram
+    window_start_s: float
+    window_end_s: float
+    num_gpus: int
+    partial: bool
+    sim_s: float
+    wall_s: float
+    events: int
+    kv_bytes_moved: float
+    notes: list[str] = field(default_factory=list)
+
+
+class Simulation:
+    """One simulated deployment of `cfg` replaying `sessions`."""
+
+    def __init__(self, cfg: RunConfig, sessions: list[SessionGraph]):
+        self.cfg = cfg
+        d, m = cfg.deployment, cfg.model
+        self.env = env = CountingEnvironment()
+        self.records: list[RequestRecord] = []
+        self.steps: list[tuple] = []
+        self.itl = LatencyHistogram()
+        self.replay = ClosedLoopReplay(sessions, cfg.workload.replay, cfg.seed)
+        self._models: dict[str, object] = {}
+        block_bytes = BLOCK_TOKENS * m.kv_bytes_per_token
+
+        pg = d.prefill.gpus_per_instance
+        p_blocks = int(kv_bytes_per_gpu(cfg, pg) * pg / block_bytes)
+        host_blocks = int(cfg.hardware.host_mem_bytes_per_gpu * pg / block_bytes) \
+            if d.cache.host_offload else 0
+        self.prefills = []
+        for i in range(d.prefill.instances):
+            name = f"prefill-{i}"
+            model = self._models[name] = build_step_model(cfg, "prefill", seed=cfg.seed * 1000 + i)
+            self.prefills.append(PrefillInstance(
+                env, i, pg, d.prefill.max_num_batched_tokens, d.prefill.max_num_seqs,
+                TieredPrefixCache(p_blocks, host_blocks), model, m.kv_bytes_per_token,
+                on_prefilled=self._prefilled, on_step=self._on_step))
+        self.router = Router(d.router, self.prefills)
+
+        eff = d.kv_transfer.efficiency * cfg.hardware.nvlink_bw_bytes_s
+        ranks = d.decode.gpus if d.decode.parallelism == "DEP" else 1
+        self.transfer = KvTransferChannel(env, d.kv_transfer.mode, eff * pg,
+                                          eff * d.decode.gpus / ranks,
+                                          d.kv_transfer.latency_ms, d.prefill.instances, ranks,
+                                          deliver=lambda job: self.decode.deliver(job))
+        d_blocks = int(kv_bytes_per_gpu(cfg, d.decode.gpus) * (d.decode.gpus / ranks)
+                       / block_bytes)
+        spec = d.decode.speculative
+        model = self._models["decode"] = build_step_model(cfg, "decode", seed=cfg.seed * 1000 + 999)
+        self.decode = DecodeInstance(
+            env, ranks, d.decode.max_num_seqs_per_rank, d.decode.kv_load_cap_per_step,
+            spec.accepted_tokens_per_step, spec.num_draft_tokens,
+            [BlockCache(d_blocks) for _ in range(ranks)], model,
+            self.transfer.read_ms if d.kv_transfer.mode == "pull" else None,
+            self.itl, self._in_window, cfg.trace_tokens, self._on_step)
+        self.clients = AgentClients(env, self.replay, self._submit, self._warm, self.records,
+                                    self._window_opened)
+        self._window_open = False
+
+    # -- wiring ----------------------------------------------------------------------------
+    def _submit(self, job: Job) -> None:
+        self.router.route(job).submit(job)
+
+    def _prefilled(self, job: Job) -> None:
+        rank, hit_blocks = self.decode.choose_rank(job)
+        job.decode_rank = rank
+        moved = max(0, job.prompt_tokens - hit_blocks * BLOCK_TOKENS)
+        self.transfer.send(job, moved * self.cfg.model.kv_bytes_per_token)
+
+    def _warm(self, inst: SessionInstance, spec: RequestSpec) -> None:
+        """Primer: make a lane's active prefix resident (no compute is simulated: equivalent
+        to a perfectly primed cache). Lanes are spread over prefill instances and decode ranks
+        so that the primed state is balanced; affinity routing then follows the prefixes."""
+        rec = RequestRecord(session_id=inst.graph.session_id, rid=spec.rid, lane=inst.lane,
+                            agent=spec.agent, send_s=0.0, prompt_tokens=spec.prompt_tokens,
+                            phase="primer")
+        job = Job(spec=spec, inst=inst, path=inst.prompt_path(spec.rid), rec=rec,
+                  on_done=lambda _j: None, output_tokens=1)
+        self.prefills[inst.lane % len(self.prefills)].cache.insert(job.path)
+        rank = inst.lane % self.decode.ranks
+        self.decode.caches[rank].insert(job.path)
+        self.decode._affinity[inst.key_base] = rank
+
+    def _window_opened(self) -> None:
+        self._window_open = True
+
+    def _in_window(self, t: float) -> bool:
+        start = self.replay.window_start_s
+        return start is not None and start <= t < start + self.cfg.workload.replay.window_s
+
+    def _on_step(self, name: str, step: int, start: float, cost: StepBreakdown,
+                 p_req: int, p_tok: int, d_req: int, d_tok: float, ctx: float,
+                 loads: int) -> None:
+        bal = getattr(self._models[name], "balancedness", math.nan)
+        self.steps.append((name, step, start, cost.total_ms, p_req, p_tok, d_req, d_tok, ctx,
+                           loads, bal, cost.moe, cost.attention, cost.indexer, cost.dense,
+                           cost.comm, cost.draft, cost.cpu, cost.sync, cost.straggler,
+                           cost.kv_stall))
+
+    # -- running ---------------------------------------------------------------------------
+    def run(self, progress: bool = True, max_warmup_s: float | None = None) -> SimOutput:
+        """Run until the window (plus drain) has passed. Ctrl-C stops early: the output is
+        then marked partial."""
+        replay = self.cfg.workload.replay
+        max_warmup_s = max_warmup_s if max_warmup_s is not None else max(
+            1800.0, 2 * replay.window_s)
+        env = self.env
+        t0 = time.perf_counter()
+        self.clients.start()
+        bar = _progress_bar(progress, replay.window_s + replay.drain_s)
+        partial = False
+        try:
+            while True:
+                ws = self.replay.window_start_s
+                if ws is None:
+                    if env.now > max_warmup_s:
+                        raise WarmupTooLong(
+                            f"warm-up did not finish within {max_warmup_s:.0f} simulated s "
+                            f"({sum(r.phase != 'primer' for r in self.records)} requests sent); "
+                            "lower workload.replay.warmup_requests_per_lane or concurrency")
+                    env.run(until=env.now + CHUNK_S)
+                    continue
+                end = ws + replay.window_s + replay.drain_s
+                if env.now >= end:
+                    break
+                env.run(until=min(end, env.now + CHUNK_S))
+                if bar is not None:
+                    bar.update(min(env.now - ws, replay.window_s + replay.drain_s) - bar.n)
+        except KeyboardInterrupt:
+            partial = True
+        finally:
+            if bar is not None:
+                bar.close()
+        self.clients.stopped = True
+        ws = self.replay.window_start_s
+        ws = env.now if ws is None else ws
+        we = min(ws + replay.window_s, env.now)
+        return SimOutput(requests=self.records, steps=self.steps, itl=self.itl,
+                         window_start_s=ws, window_end_s=we,
+                         num_gpus=self.cfg.deployment.num_gpus, partial=partial,
+                         sim_s=env.now, wall_s=time.perf_counter() - t0,
+                         events=env.events_scheduled, kv_bytes_moved=self.transfer.bytes_moved)
+
+
+def _progress_bar(enabled: bool, total_s: float):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total_s, unit="sim s", desc="window", dynamic_ncols=True,
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} sim s "
+                           "[{elapsed}<{remaining}]")

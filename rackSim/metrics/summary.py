@@ -1,0 +1,166 @@
+"""From records to a Result: throughput, latency percentiles, revenue and margin.
+
+Definitions (all over the measurement window [t0, t1), W = t1 - t0 seconds, G GPUs):
+- Input tokens of a request (cached and uncached) count at its first token, if that falls in
+  the window. Output tokens count when emitted: at their recorded times when token times exist,
+  otherwise spread evenly over [first token, finish] (the simulator's decode steps emit at an
+  even rate per request) and clipped to the window.
+- throughput per GPU = (cached input + uncached input + output) / (G x W), tokens/s/GPU.
+- inter-token latency (ITL): token-weighted; a step of duration T emitting k tokens to a
+  request contributes k gaps of T / k. Interactivity = 1 / P90 ITL (tokens/s per user).
+- per-request TPOT = (finish - first token) / (output tokens - 1); its P90 is over requests sent
+  in the window. TTFT = first token - send, over requests sent in the window.
+- revenue per GPU-hour = token mix priced per 1M tokens / (G x W / 3600); margin = revenue -
+  cost (the price of a GPU-hour).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from rackSim.config.specs import PricingSpec
+from rackSim.metrics.histogram import LatencyHistogram
+from rackSim.metrics.records import STEP_COLUMNS, RequestRecord
+
+SUMMARY_KEYS = (
+    "throughput_tok_s_gpu", "cached_input_tok_s_gpu", "uncached_input_tok_s_gpu",
+    "output_tok_s_gpu", "interactivity_tok_s", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms",
+    "tpot_p50_ms", "tpot_p90_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
+    "revenue_usd_gpu_h", "cost_usd_gpu_h", "margin_usd_gpu_h", "cache_hit_rate",
+    "requests_finished", "requests_sent", "requests_failed", "requests_in_flight",
+)
+
+
+@dataclass
+class Result:
+    """Summary numbers (JSON-ready) plus tidy tables: one row per request and per step."""
+
+    summary: dict[str, float | int | str | bool]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    timeseries: pd.DataFrame
+    itl: LatencyHistogram = field(repr=False)
+
+
+def requests_frame(records: list[RequestRecord]) -> pd.DataFrame:
+    rows = [r.as_row() for r in records]
+    df = pd.DataFrame(rows) if rows else pd.DataFrame(
+        columns=[f for f in RequestRecord.__dataclass_fields__])
+    df["ttft_ms"] = (df["first_token_s"] - df["send_s"]) * 1e3
+    n = df["output_tokens"].astype(float)
+    df["tpot_ms"] = np.where(n >= 2, (df["finish_s"] - df["first_token_s"]) * 1e3
+                             / (n - 1).where(n >= 2, 1.0), np.nan)
+    df["uncached_tokens"] = df["prompt_tokens"] - df["cached_tokens"]
+    return df
+
+
+def steps_frame(rows: list[tuple]) -> pd.DataFrame:
+    return pd.DataFrame.from_records(rows, columns=list(STEP_COLUMNS))
+
+
+def itl_from_token_times(records: list[RequestRecord], t0: float, t1: float
+                         ) -> LatencyHistogram:
+    """ITL histogram from recorded token arrival times (measured runs)."""
+    hist = LatencyHistogram()
+    for r in records:
+        t = np.asarray(r.token_times_s, dtype=float)
+        if t.size < 2:
+            continue
+        gaps = np.diff(t) * 1e3
+        keep = (t[1:] >= t0) & (t[1:] < t1)
+        if keep.any():
+            hist.add_many(np.maximum(gaps[keep], 1e-6))
+    return hist
+
+
+def _output_in_window(df: pd.DataFrame, t0: float, t1: float) -> float:
+    """Output tokens emitted in [t0, t1), assuming an even rate over [first, finish]."""
+    ok = df["first_token_s"].notna() & df["finish_s"].notna() & (df["output_tokens"] > 0)
+    d = df[ok]
+    if d.empty:
+        return 0.0
+    first, fin, n = d["first_token_s"].to_numpy(), d["finish_s"].to_numpy(), \
+        d["output_tokens"].to_numpy(float)
+    total = ((first >= t0) & (first < t1)).astype(float)  # the first token itself
+    span = fin - first
+    rest = n - 1
+    overlap = np.clip(np.minimum(fin, t1) - np.maximum(first, t0), 0, None)
+    frac = np.where(span > 0, overlap / np.where(span > 0, span, 1), 0.0)
+    single = (span <= 0) & (first >= t0) & (first < t1)
+    return float((total + rest * np.where(single, 1.0, frac)).sum())
+
+
+def timeseries(df: pd.DataFrame, t0: float, t1: float, num_gpus: int,
+               bucket_s: float = 60.0) -> pd.DataFrame:
+    """Tokens/s/GPU per time bucket across the window, split by kind."""
+    if t1 <= t0:
+        return pd.DataFrame(columns=["t_s", "cached", "uncached", "output"])
+    bucket_s = min(bucket_s, max((t1 - t0) / 10, 1e-3))
+    edges = np.arange(t0, t1 + 1e-9, bucket_s)
+    if edges[-1] < t1:
+        edges = np.append(edges, t1)
+    rows = []
+    first = df["first_token_s"]
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        sel = (first >= a) & (first < b)
+        w = (b - a) * num_gpus
+        rows.append({"t_s": a - t0,
+                     "cached": df.loc[sel, "cached_tokens"].sum() / w,
+                     "uncached": df.loc[sel, "uncached_tokens"].sum() / w,
+                     "output": _output_in_window(df, a, b) / w})
+    return pd.DataFrame(rows)
+
+
+def summarize(records: list[RequestRecord], step_rows: list[tuple], itl: LatencyHistogram | None,
+              t0: float, t1: float, num_gpus: int, pricing: PricingSpec,
+              extra: dict | None = None) -> Result:
+    """Metrics of a run (simulated or measured) over the window [t0, t1)."""
+    df = requests_frame(records)
+    steps = steps_frame(step_rows)
+    window = max(t1 - t0, 1e-9)
+    gpu_s = num_gpus * window
+    first = df["first_token_s"]
+    in_win = (first >= t0) & (first < t1)
+    cached = float(df.loc[in_win, "cached_tokens"].sum())
+    uncached = float(df.loc[in_win, "uncached_tokens"].sum())
+    output = _output_in_window(df, t0, t1)
+    if itl is None:
+        itl = itl_from_token_times(records, t0, t1)
+    sent = df[(df["send_s"] >= t0) & (df["send_s"] < t1) & (df["phase"] != "primer")]
+    done = sent[sent["error"].isna() & sent["finish_s"].notna()]
+    p90 = itl.percentile(90)
+    revenue_usd = (cached * pricing.cached_input_usd_per_mtok
+                   + uncached * pricing.uncached_input_usd_per_mtok
+                   + output * pricing.output_usd_per_mtok) / 1e6
+    revenue_h = revenue_usd / (gpu_s / 3600.0)
+    prompt = cached + uncached
+
+    def pct(s: pd.Series, q: float) -> float:
+        s = s.dropna()
+        return float(np.percentile(s, q)) if len(s) else math.nan
+
+    summary = {
+        "throughput_tok_s_gpu": (cached + uncached + output) / gpu_s,
+        "cached_input_tok_s_gpu": cached / gpu_s,
+        "uncached_input_tok_s_gpu": uncached / gpu_s,
+        "output_tok_s_gpu": output / gpu_s,
+        "interactivity_tok_s": 1e3 / p90 if p90 and not math.isnan(p90) else math.nan,
+        "itl_p50_ms": itl.percentile(50), "itl_p90_ms": p90, "itl_p99_ms": itl.percentile(99),
+        "tpot_p50_ms": pct(done["tpot_ms"], 50), "tpot_p90_ms": pct(done["tpot_ms"], 90),
+        "ttft_p50_ms": pct(done["ttft_ms"], 50), "ttft_p90_ms": pct(done["ttft_ms"], 90),
+        "ttft_p99_ms": pct(done["ttft_ms"], 99),
+        "revenue_usd_gpu_h": revenue_h, "cost_usd_gpu_h": pricing.gpu_hour_usd,
+        "margin_usd_gpu_h": revenue_h - pricing.gpu_hour_usd,
+        "cache_hit_rate": cached / prompt if prompt else math.nan,
+        "requests_sent": int(len(sent)), "requests_finished": int(len(done)),
+        "requests_failed": int(sent["error"].notna().sum()),
+        "requests_in_flight": int((sent["finish_s"].isna() & sent["error"].isna()).sum()),
+        "window_s": window, "num_gpus": num_gpus,
+    }
+    summary.update(extra or {})
+    return Result(summary=summary, requests=df, steps=steps,
+                  timeseries=timeseries(df, t0, t1, num_gpus), itl=itl)

@@ -1,0 +1,93 @@
+"""PNG figures of one run (headless matplotlib)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from rackSim.metrics.summary import Result  # noqa: E402
+from rackSim.perf.step import COMPONENTS  # noqa: E402
+
+
+def plot_throughput(result: Result, path: Path) -> Path:
+    ts = result.timeseries
+    fig, ax = plt.subplots(figsize=(8, 4))
+    if not ts.empty:
+        t = ts["t_s"] / 60
+        ax.stackplot(t, ts["cached"], ts["uncached"], ts["output"],
+                     labels=["cached input", "uncached input", "output"], step="post")
+    ax.set_xlabel("time in window (min)")
+    ax.set_ylabel("tokens/s per GPU")
+    ax.set_title("Throughput over the measurement window")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_latency(result: Result, path: Path) -> Path:
+    df = result.requests
+    win = df[(df["phase"] == "window") & df["error"].isna()]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for ax, col, title in ((axes[0], "ttft_ms", "TTFT"), (axes[2], "tpot_ms", "per-request TPOT")):
+        vals = win[col].dropna().to_numpy()
+        if vals.size:
+            ax.hist(vals, bins=60, color="tab:blue")
+            for q, style in ((50, "-"), (90, "--"), (99, ":")):
+                ax.axvline(np.percentile(vals, q), color="k", ls=style, label=f"P{q}")
+            ax.legend()
+        ax.set_xlabel(f"{title} (ms)")
+        ax.set_ylabel("requests")
+        ax.set_title(title)
+    h = result.itl
+    e = h.edges()
+    nz = np.nonzero(h.weights)[0]
+    ax = axes[1]
+    if nz.size:
+        lo, hi = nz[0], nz[-1] + 1
+        ax.stairs(h.weights[lo:hi], e[lo:hi + 1], fill=True, color="tab:orange")
+        for q, style in ((50, "-"), (90, "--"), (99, ":")):
+            ax.axvline(h.percentile(q), color="k", ls=style, label=f"P{q}")
+        ax.set_xscale("log")
+        ax.legend()
+    ax.set_xlabel("inter-token latency (ms)")
+    ax.set_ylabel("tokens")
+    ax.set_title("Inter-token latency (token-weighted)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_decode_breakdown(result: Result, path: Path) -> Path:
+    """Mean decode step time by component over the window."""
+    s = result.steps
+    dec = s[s["instance"] == "decode"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if not dec.empty:
+        means = [dec[f"{c}_ms"].mean() for c in COMPONENTS]
+        left = 0.0
+        for c, v in zip(COMPONENTS, means, strict=True):
+            ax.barh([0], [v], left=left, label=c)
+            left += v
+        ax.set_yticks([])
+        ax.legend(ncol=5, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+    ax.set_xlabel("mean decode step time (ms)")
+    ax.set_title("Decode step breakdown")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_run(result: Result, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    return [plot_throughput(result, out / "throughput.png"),
+            plot_latency(result, out / "latency.png"),
+            plot_decode_breakdown(result, out / "decode_breakdown.png")]

@@ -1,0 +1,38 @@
+"""A short human summary of a run for the terminal."""
+
+from __future__ import annotations
+
+import math
+
+_ROWS = (
+    ("throughput", "throughput_tok_s_gpu", "tok/s/GPU", "{:,.0f}"),
+    ("  cached input", "cached_input_tok_s_gpu", "tok/s/GPU", "{:,.0f}"),
+    ("  uncached input", "uncached_input_tok_s_gpu", "tok/s/GPU", "{:,.0f}"),
+    ("  output", "output_tok_s_gpu", "tok/s/GPU", "{:,.0f}"),
+    ("interactivity (1/P90 ITL)", "interactivity_tok_s", "tok/s/user", "{:,.1f}"),
+    ("ITL P50 / P90", ("itl_p50_ms", "itl_p90_ms"), "ms", "{:.2f}"),
+    ("TPOT P90 (per request)", "tpot_p90_ms", "ms", "{:.2f}"),
+    ("TTFT P50 / P90 / P99", ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms"), "ms", "{:,.0f}"),
+    ("prefix cache hit", "cache_hit_rate", "", "{:.1%}"),
+    ("revenue", "revenue_usd_gpu_h", "$/GPU-h", "{:.2f}"),
+    ("cost", "cost_usd_gpu_h", "$/GPU-h", "{:.2f}"),
+    ("margin", "margin_usd_gpu_h", "$/GPU-h", "{:.2f}"),
+    ("requests finished / sent", ("requests_finished", "requests_sent"), "", "{:,}"),
+)
+
+
+def _fmt(fmt: str, v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    return fmt.format(v)
+
+
+def format_summary(summary: dict, title: str = "") -> str:
+    lines = [title] if title else []
+    for label, key, unit, fmt in _ROWS:
+        keys = key if isinstance(key, tuple) else (key,)
+        value = " / ".join(_fmt(fmt, summary.get(k)) for k in keys)
+        lines.append(f"  {label:<28} {value:>24} {unit}")
+    if summary.get("partial"):
+        lines.append("  PARTIAL: interrupted before the window ended")
+    return "\n".join(lines)
