@@ -15,12 +15,13 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-SCENARIOS = str(Path(__file__).resolve().parent.parent / "scenarios")
+from rackSim.config.scenarios import SCENARIOS_DIR
+
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
 
-@hydra.main(config_path=SCENARIOS, config_name="config", version_base=None)
+@hydra.main(config_path=str(SCENARIOS_DIR), config_name="config", version_base=None)
 def _run(tree: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 

@@ -183,7 +183,9 @@ class ReplaySpec(StrictModel):
     primer: bool = True
     warmup_requests_per_lane: int = Field(ge=0)
     window_s: PositiveFloat = Field(description="measurement window (simulated seconds)")
-    drain_s: float = Field(default=0.0, ge=0, description="run on after the window (s)")
+    drain_s: float = Field(
+        default=0.0, ge=0,
+        description="after the window nothing new is sent; in-flight requests may finish (s)")
 
 
 class WorkloadSpec(StrictModel):

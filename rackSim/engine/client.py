@@ -47,12 +47,14 @@ class AgentClients:
             self._send(cursor, spec)
 
     def _send(self, cursor: SessionCursor, spec: RequestSpec) -> None:
-        if self.stopped:
-            return
+        end = self.replay.window_end_s
+        if self.stopped or (end is not None and self.env.now >= end):
+            return  # after the window: in-flight requests drain, nothing new is sent
         inst = cursor.inst
         now = self.env.now
         rec = RequestRecord(session_id=inst.graph.session_id, rid=spec.rid, lane=inst.lane,
-                            agent=spec.agent, send_s=now, prompt_tokens=spec.prompt_tokens,
+                            session_key=inst.key_base, agent=spec.agent, send_s=now,
+                            prompt_tokens=spec.prompt_tokens,
                             phase=self.replay.phase_of_send(inst.lane, now))
         self.records.append(rec)
         self.in_flight += 1

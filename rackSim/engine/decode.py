@@ -5,10 +5,11 @@ retire. Work per step does not grow with the batch: per-rank aggregates (request
 tokens) change on admit / retire, and each request's last step is fixed when it is admitted.
 
 Token emission (forced acceptance): a request's first step emits 1 token; each later step
-emits `a` = accepted_tokens_per_step on average. Its k-th later step emits
-floor(a k) - floor(a (k - 1)) tokens (3 or 4 for a = 3.25), so it needs
-1 + ceil((N - 1) / a) steps for N tokens, and inter-token latency is recorded as
-(step duration / a, weight a) for the mid steps and exactly for its last step.
+emits `a` = accepted_tokens_per_step, so N tokens need 1 + ceil((N - 1) / a) steps and the
+last one emits the remainder (N - 1) - a (steps - 2), in (0, a]. Step rows and the
+inter-token-latency histogram use these exact (fractional) means, so tokens are conserved per
+request; with `trace_tokens` each token gets a time, the k-th later step emitting
+floor(a k) - floor(a (k - 1)) whole tokens (3 or 4 for a = 3.25).
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ class DecodeInstance:
             if job.steps == 1:
                 continue
             mid -= 1
-            last = job.output_tokens - 1 - emitted_after(job.steps - 2, a)
+            last = job.output_tokens - 1 - a * (job.steps - 2)  # in (0, a]
             emitted += last
             if window:
                 self.itl.add(dur * 1e3 / last, last)
@@ -184,8 +185,8 @@ class DecodeInstance:
         for job in self.running.values():
             k = self.step - job.admit_step  # steps after the first
             n = 1 if k == 0 else emitted_after(k, self.a) - emitted_after(k - 1, self.a)
-            n = min(n, job.output_tokens - len(job.token_times))
-            job.token_times.extend([end] * n)
+            times = job.rec.token_times_s
+            times.extend([end] * min(n, job.output_tokens - len(times)))
 
     def _retire(self, job: Job, end: float) -> None:
         r = job.decode_rank
@@ -198,6 +199,4 @@ class DecodeInstance:
         self._affinity[job.inst.key_base] = r
         job.rec.finish_s = end
         job.rec.output_tokens = job.output_tokens
-        if self.trace_tokens:
-            job.rec.token_times_s = job.token_times
         job.on_done(job)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rackSim.metrics.records import RequestRecord
 from rackSim.workload.graph import PromptPath, RequestSpec, SessionInstance
@@ -25,8 +25,6 @@ class Job:
     finish_step: int = -1
     steps: int = 0             # decode steps it needs
     admit_step: int = -1
-    emitted: float = 0.0
-    token_times: list[float] = field(default_factory=list)
 
     @property
     def prompt_tokens(self) -> int:

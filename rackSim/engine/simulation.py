@@ -128,7 +128,8 @@ class Simulation:
         to a perfectly primed cache). Lanes are spread over prefill instances and decode ranks
         so that the primed state is balanced; affinity routing then follows the prefixes."""
         rec = RequestRecord(session_id=inst.graph.session_id, rid=spec.rid, lane=inst.lane,
-                            agent=spec.agent, send_s=0.0, prompt_tokens=spec.prompt_tokens,
+                            session_key=inst.key_base, agent=spec.agent, send_s=0.0,
+                            prompt_tokens=spec.prompt_tokens,
                             phase="primer")
         job = Job(spec=spec, inst=inst, path=inst.prompt_path(spec.rid), rec=rec,
                   on_done=lambda _j: None, output_tokens=1)
@@ -177,7 +178,8 @@ class Simulation:
                     env.run(until=env.now + CHUNK_S)
                     continue
                 end = ws + replay.window_s + replay.drain_s
-                if env.now >= end:
+                if env.now >= end or (env.now >= ws + replay.window_s
+                                      and self.clients.in_flight == 0):
                     break
                 env.run(until=min(end, env.now + CHUNK_S))
                 if bar is not None:

@@ -28,6 +28,7 @@ class RequestRecord:
     session_id: str
     rid: int
     lane: int
+    session_key: int  # unique per replay of a session (its prefix-tree key base)
     agent: int
     send_s: float
     prompt_tokens: int
