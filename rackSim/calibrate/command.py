@@ -1,0 +1,55 @@
+"""`racksim-calibrate`: fit a calibration profile and print the fit table, or explain a step."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rackSim.calibrate.scenario import DEFAULT_PROFILE
+from rackSim.perf.profile import Profile
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="racksim-calibrate", description=__doc__)
+    ap.add_argument("--out", type=Path, default=DEFAULT_PROFILE,
+                    help="profile to write (default: %(default)s)")
+    ap.add_argument("--no-aic", action="store_true",
+                    help="skip the aiconfigurator-core kernel-table fit")
+    ap.add_argument("--explain", action="store_true",
+                    help="print decode step breakdowns for DEP4..64 instead of fitting")
+    ap.add_argument("--profile", type=Path, default=DEFAULT_PROFILE,
+                    help="profile used by --explain (default: %(default)s)")
+    ap.add_argument("--requests-per-rank", type=int, default=64)
+    ap.add_argument("--context", type=int, default=131072, help="context tokens per request")
+    ap.add_argument("--widths", type=str, default="4,8,16,32,64")
+    ap.add_argument("--hardware", type=str, default="gb300_nvl72")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.explain:
+        from rackSim.calibrate.explain import explain
+
+        widths = [int(w) for w in args.widths.split(",")]
+        print(explain(args.profile, widths, args.requests_per_rank, args.context,
+                      args.hardware))
+        return 0
+    from rackSim.calibrate import aic
+    from rackSim.calibrate.fit import AIC_MISSING, calibrate, format_table, write
+
+    use_aic = not args.no_aic
+    if use_aic and aic.aic_root() is None:
+        print(AIC_MISSING, file=sys.stderr)
+        use_aic = False
+    previous = Profile.load(args.out) if args.out.is_file() else None
+    profile = calibrate(previous, use_aic, lambda s: print(s, file=sys.stderr))
+    write(profile, args.out)
+    print(format_table(profile.residuals))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

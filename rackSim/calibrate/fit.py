@@ -1,0 +1,279 @@
+"""Fit the GB300 x DeepSeek-V4.1-Flash profile, stage by stage, with scipy least_squares.
+
+Stages (each fits only the parameters its data constrain; later stages see earlier results):
+
+1. kernel tables (aiconfigurator-core, optional): MoE kernel speeds, indexer kernel speeds.
+2. EPLB skew (E1, E2): group and per-expert popularity spread of target and draft models.
+3. CPU (C1, C2): all-reduce call + hop latency; admission cost per prompt token.
+4. decode (D1-D5): attention efficiency, per-layer dense kernel cost, all-to-all op latency and
+   NVLink efficiency, per-step scheduling time.
+5. stragglers (P1, P2): per-sync-point CPU jitter and the lag of a lagged rank.
+6. prefill optimisations (P3-P5): unbounded replay length, 4 KB-page TLB overhead, top-k cost.
+
+Stages 4-6 are run twice because they share the prefill/decode step they evaluate.
+Initial guesses below are starting points for the optimiser, not results.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from rackSim.calibrate import aic, figures
+from rackSim.calibrate.scenario import operating_point
+from rackSim.perf.profile import Profile
+
+AIC_MISSING = ("aiconfigurator-core is not installed: skipping the kernel-table fit (b); "
+               "install the 'aic' extra (pip install aiconfigurator-core) to fit the MoE and "
+               "indexer kernels. Kernel parameters keep their previous profile values.")
+
+#: name -> (initial guess, lower, upper, unit)
+START: dict[str, tuple[float, float, float, str]] = {
+    "moe_kernel_us": (20.0, 0.0, 200.0, "us per MoE layer"),
+    "moe_hbm_efficiency": (0.8, 0.05, 1.0, "fraction of peak HBM bandwidth"),
+    "moe_flops_efficiency": (0.3, 0.01, 1.0, "fraction of peak FLOP/s"),
+    "moe_token_bytes": (2.0, 0.0, 200.0, "bytes per routed token per hidden element"),
+    "indexer_kernel_us": (5.0, 0.0, 100.0, "us per layer"),
+    "indexer_hbm_efficiency": (0.5, 0.01, 1.0, "fraction of peak HBM bandwidth"),
+    "eplb_sigma_target": (0.3, 0.0, 3.0, "std of log expert popularity"),
+    "eplb_sigma_group_target": (1.0, 0.0, 4.0, "std of log group popularity"),
+    "eplb_sigma_draft": (0.3, 0.0, 3.0, "std of log expert popularity"),
+    "eplb_sigma_group_draft": (1.0, 0.0, 4.0, "std of log group popularity"),
+    "allreduce_call_ms": (0.5, 0.0, 20.0, "ms per all-reduce call"),
+    "allreduce_hop_ms": (0.1, 0.0, 5.0, "ms per message hop"),
+    "admission_ns_per_token_baseline": (40.0, 0.0, 1e4, "ns per prompt token"),
+    "admission_ns_per_token": (7.0, 0.0, 1e4, "ns per prompt token"),
+    "attn_flops_efficiency": (0.3, 0.01, 1.0, "fraction of peak BF16 FLOP/s"),
+    "megamoe_hbm_efficiency": (0.8, 0.05, 1.0, "fraction of peak HBM bandwidth"),
+    "dense_kernel_us": (50.0, 0.0, 1000.0, "us per layer (non-MoE kernels)"),
+    "a2a_op_us": (10.0, 0.0, 200.0, "us per dispatch or combine"),
+    "a2a_nvlink_efficiency": (0.6, 0.05, 1.0, "fraction of NVLink bandwidth"),
+    "cpu_step_ms": (0.5, 0.0, 10.0, "ms per step"),
+    "straggler_jitter_us": (20.0, 0.01, 2000.0, "mean us per rank per sync point"),
+    "straggler_lag_us": (50.0, 0.0, 20000.0, "us per sync point"),
+    "replay_tokens_baseline": (8192.0, 128.0, 131072.0, "tokens"),
+    "tlb_overhead": (0.05, 0.0, 5.0, "fraction of gather time"),
+    "topk_ns_per_candidate": (0.01, 0.0, 10.0, "ns per candidate logit"),
+}
+
+
+V4_CONFIG = "model_configs/deepseek-ai--DeepSeek-V4-Flash_config.json"
+
+
+def _constants(p: Profile, previous: Profile | None) -> None:
+    """Architecture facts: read from the DeepSeek-V4-Flash config.json shipped with
+    aiconfigurator-core when it is installed, else kept from the previous profile."""
+    root = aic.aic_root()
+    if root is not None and (root / V4_CONFIG).is_file():
+        c = json.loads((root / V4_CONFIG).read_text())
+        ratios = c["compress_ratios"]
+        src = (f"aiconfigurator-core {aic.aic_version()} {V4_CONFIG} (DeepSeek-V4-Flash; "
+               "ASSUMED unchanged in V4.1)")
+        csa = sorted({r for r in ratios if r > 0})[0]
+        hca = sorted({r for r in ratios if r > 0})[-1]
+        p.set_constant("csa_layers", ratios.count(csa), src + ": layers with the small ratio")
+        p.set_constant("csa_compress", csa, src)
+        p.set_constant("hca_layers", ratios.count(hca), src + ": layers with the large ratio")
+        p.set_constant("hca_compress", hca, src)
+        p.set_constant("attention_heads", c["num_attention_heads"], src)
+        p.set_constant("attention_head_dim", c["head_dim"], src)
+        p.set_constant("indexer_heads", c["index_n_heads"], src)
+        p.set_constant("indexer_head_dim", c["index_head_dim"], src)
+    elif previous is not None:
+        p.constants.update({k: v for k, v in previous.constants.items()
+                            if not k.startswith("eplb_")})
+    else:
+        raise RuntimeError("no aiconfigurator-core and no previous profile: cannot read the "
+                           "attention geometry constants")
+    p.set_constant("eplb_groups", 8, "ASSUMED: 8 routing groups as in DeepSeek-V3 n_group")
+    p.set_constant("eplb_drift_steps", 30000,
+                   "ASSUMED: popularity correlation time of 10 rearrangement intervals (E3)")
+    p.set_constant("eplb_epoch_steps", 100, "modelling choice: popularity advanced per 100 steps")
+
+
+def start_profile(previous: Profile | None = None) -> Profile:
+    p = Profile(name="gb300__deepseek_v4_1_flash")
+    _constants(p, previous)
+    for k, (x0, _, _, unit) in START.items():
+        old = previous.params.get(k) if previous else None
+        if old is not None:
+            p.params[k] = dict(old)
+        else:
+            p.set_param(k, x0, unit, [], "initial guess (not fitted)")
+    p.settings = {"admission_optimised": True, "moe_dispatch": "alltoall", "moe_kernel": "megamoe",
+                  "decode_sync_points": 1, "lagged_ranks": 0,
+                  "prefill_optimisations": {"bounded_replay": True, "large_pages": True,
+                                            "deepselect": True, "replay_layers": 20,
+                                            "replay_tokens": 128}}
+    return p
+
+
+def _fit_stage(p: Profile, names: list[str], residual: Callable[[Profile], np.ndarray],
+               fitted_to: list[str], source: str, diff_step: float | None = None) -> Profile:
+    x0 = np.array([p.value(n) for n in names])
+    lo = np.array([START[n][1] for n in names])
+    hi = np.array([START[n][2] for n in names])
+    x0 = np.clip(x0, lo + 1e-9 * (hi - lo), hi - 1e-9 * (hi - lo))
+
+    def f(x: np.ndarray) -> np.ndarray:
+        return residual(p.with_values(dict(zip(names, x, strict=True))))
+
+    res = least_squares(f, x0, bounds=(lo, hi), x_scale="jac", diff_step=diff_step)
+    out = p.with_values(dict(zip(names, res.x, strict=True)))
+    for n in names:
+        out.params[n].update(unit=START[n][3], fitted_to=fitted_to, source=source)
+    return out
+
+
+def _rel(pred: dict[str, float], pub: dict[str, float], keys: list[str],
+         sigma: dict[str, float] | None = None) -> np.ndarray:
+    sigma = sigma or {}
+    return np.array([(pred[k] / pub[k.split("@")[0]] - 1.0) / sigma.get(k.split("@")[0], 1.0)
+                     for k in keys])
+
+
+def fit_kernels(p: Profile, log: Callable[[str], None]) -> Profile:
+    root = aic.aic_root()
+    if root is None:
+        log(AIC_MISSING)
+        return p
+    cfg = operating_point()
+    hw, wb = cfg.hardware, cfg.model.weight_bytes_per_param
+    rows = aic.load_moe_rows(root)
+    fit, kernel = aic.fit_moe(rows, hw.hbm_bw_bytes_s, hw.flops["fp4"], wb)
+    src = f"aiconfigurator-core {aic.aic_version()} {aic.MOE_TABLE}"
+    tag = [f"aic:moe_perf V4-Flash shape, EP {list(aic.FIT_EP)}"]
+    for name, val in (("moe_kernel_us", fit.kernel_us), ("moe_hbm_efficiency", fit.hbm_efficiency),
+                      ("moe_flops_efficiency", fit.flops_efficiency),
+                      ("moe_token_bytes", fit.token_bytes)):
+        p.set_param(name, val, START[name][3], tag, src)
+    held = aic.held_out_errors(kernel, rows, wb)
+    idx_rows = aic.load_indexer_rows(root)
+    per_layer = cfg.model.indexer_bytes_per_token / p.value("csa_layers")
+    k_us, eff, idx_err = aic.fit_indexer(idx_rows, hw.hbm_bw_bytes_s, per_layer)
+    isrc = f"aiconfigurator-core {aic.aic_version()} {aic.INDEXER_TABLE}"
+    p.set_param("indexer_kernel_us", k_us, START["indexer_kernel_us"][3],
+                ["aic:dsv4_paged_mqa_logits isl=1"], isrc)
+    p.set_param("indexer_hbm_efficiency", eff, START["indexer_hbm_efficiency"][3],
+                ["aic:dsv4_paged_mqa_logits isl=1"], isrc)
+    p.kernel_fit = {
+        "source": f"aiconfigurator-core {aic.aic_version()}",
+        "moe": {"table": aic.MOE_TABLE, "shape": aic.MOE_SHAPE, "fit_ep": list(aic.FIT_EP),
+                "fit_rows": fit.fit_rows, "fit_median_abs_err": fit.fit_median_abs_err,
+                "fit_p90_abs_err": fit.fit_p90_abs_err,
+                "held_out": json.loads(held.to_json(orient="records"))},
+        "indexer": {"table": aic.INDEXER_TABLE, "rows": len(idx_rows),
+                    "median_abs_err": idx_err},
+    }
+    log(f"kernel fit: MoE median |err| {fit.fit_median_abs_err:.1%} on {fit.fit_rows} rows; "
+        f"indexer median |err| {idx_err:.1%}")
+    log("held-out EP widths:\n" + held.to_string(index=False))
+    return p
+
+
+def decode_balancedness(p: Profile) -> dict[int, tuple[float, float]]:
+    t = figures.targets()
+    cfg = operating_point()
+    m = cfg.model
+    return {w: (figures.predict_balancedness(p, "target", m.num_routed_experts, w, True,
+                                             t["eplb"]["layers"], t["eplb"]["steps"]),
+                figures.predict_balancedness(p, "draft", m.draft.num_routed_experts, w, True,
+                                             t["eplb"]["layers"], t["eplb"]["steps"]))
+            for w in t["decode"]["widths"]}
+
+
+def fit_published(p: Profile, log: Callable[[str], None]) -> Profile:
+    pub = figures.published_values()
+    sigma = figures.targets().get("sigma", {})
+    csv_src = "calibration/published_figures.csv"
+    for which, fid in (("target", "E1"), ("draft", "E2")):
+        names = [f"eplb_sigma_group_{which}", f"eplb_sigma_{which}"]
+        keys = [f"{fid}.off", f"{fid}.on"]
+
+        def r_eplb(q: Profile, keys: list[str] = keys) -> np.ndarray:
+            return _rel(figures.predict_eplb(q), pub, keys)
+        p = _fit_stage(p, names, r_eplb, [fid], csv_src, diff_step=0.05)
+    log("fitted EPLB skew (E1, E2)")
+    p = _fit_stage(p, ["allreduce_call_ms", "allreduce_hop_ms"],
+                   lambda q: _rel(figures.predict_cpu(q), pub,
+                                  ["C1.ring", "C1.recursive_doubling"]), ["C1"], csv_src)
+    p = _fit_stage(p, ["admission_ns_per_token_baseline", "admission_ns_per_token"],
+                   lambda q: _rel(figures.predict_cpu(q), pub, ["C2.baseline", "C2.optimised"]),
+                   ["C2"], csv_src)
+    log("fitted CPU all-reduce and admission (C1, C2)")
+    b = decode_balancedness(p)
+    widths = figures.targets()["decode"]["widths"]
+    d_keys = ["D1", "D2", "D3", "D4"] + [f"D5@DEP{w}" for w in widths]
+    d_names = ["megamoe_hbm_efficiency", "attn_flops_efficiency", "dense_kernel_us",
+               "a2a_op_us", "a2a_nvlink_efficiency", "cpu_step_ms"]
+    for _ in range(2):
+        p = _fit_stage(p, d_names,
+                       lambda q: _rel(figures.predict_decode(q, b), pub, d_keys, sigma),
+                       ["D1", "D2", "D3", "D4", "D5"], csv_src)
+        p = _fit_stage(p, ["straggler_jitter_us", "straggler_lag_us"],
+                       lambda q: _rel(figures.predict_stragglers(q), pub, ["P1", "P2"]),
+                       ["P1", "P2"], csv_src)
+        p = _fit_stage(p, ["replay_tokens_baseline", "tlb_overhead", "topk_ns_per_candidate"],
+                       lambda q: _rel(figures.predict_prefill_opts(q), pub, ["P3", "P4", "P5"]),
+                       ["P3", "P4", "P5"], csv_src)
+    log("fitted decode breakdown (D1-D5), stragglers (P1, P2), prefill toggles (P3-P5)")
+    return p
+
+
+def fit_table(p: Profile) -> list[dict[str, object]]:
+    """Every published figure the model predicts: published, predicted, relative error."""
+    pub = figures.published_values()
+    pred: dict[str, float] = {}
+    pred.update(figures.predict_decode(p, decode_balancedness(p)))
+    pred.update(figures.predict_eplb(p))
+    pred.update(figures.predict_cpu(p))
+    pred.update(figures.predict_stragglers(p))
+    pred.update(figures.predict_prefill_opts(p))
+    rows: list[dict[str, object]] = []
+    for k, v in pred.items():
+        ref = pub[k.split("@")[0]]
+        rows.append({"figure": k, "published": ref, "predicted": float(v),
+                     "error": float(v / ref - 1.0)})
+    e4 = figures.predict_rebalance_s(p)
+    rows.append({"figure": "E4", "published": "<1 s", "predicted": e4,
+                 "error": "ok" if e4 < 1.0 else "violated"})
+    return rows
+
+
+def calibrate(previous: Profile | None, use_aic: bool, log: Callable[[str], None]) -> Profile:
+    p = start_profile(previous)
+    if use_aic:
+        p = fit_kernels(p, log)
+    elif previous is not None and previous.kernel_fit:
+        p.kernel_fit = previous.kernel_fit
+        log("--no-aic: kernel parameters kept from the previous profile")
+    else:
+        log("--no-aic: kernel parameters stay at their initial guesses (not fitted)")
+    p = fit_published(p, log)
+    p.residuals = fit_table(p)
+    p.meta = {"hardware": "GB300-NVL72", "model": "DeepSeek-V4.1-Flash",
+              "created_by": "racksim-calibrate (rackSim.calibrate.command)",
+              "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "figures": "calibration/published_figures.csv",
+              "operating_points": "calibration/targets__gb300__deepseek_v4_1_flash.yaml"}
+    return p
+
+
+def format_table(rows: list[dict[str, object]]) -> str:
+    lines = [f"{'figure':<26}{'published':>12}{'predicted':>12}{'error':>10}"]
+    for r in rows:
+        pub, pred, err = r["published"], r["predicted"], r["error"]
+        pub_s = f"{pub:>12.4g}" if isinstance(pub, float) else f"{pub!s:>12}"
+        err_s = f"{err:>+10.1%}" if isinstance(err, float) else f"{err!s:>10}"
+        lines.append(f"{r['figure']!s:<26}{pub_s}{float(pred):>12.4g}{err_s}")
+    return "\n".join(lines)
+
+
+def write(p: Profile, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    p.save(out)

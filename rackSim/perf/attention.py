@@ -1,0 +1,109 @@
+"""Attention and indexer cost of DeepSeek-V4-style hybrid compressed attention.
+
+Layers come in three kinds (counts from the model's `compress_ratios`):
+
+* CSA layers (compressed sparse attention, ratio `csa_compress`): each query attends the
+  sliding window plus the `topk_entries` compressed entries its indexer selects;
+* HCA layers (heavily compressed attention, ratio `hca_compress`): the window plus every
+  compressed entry (ctx / hca_compress - grows with context);
+* window-only layers: the sliding window.
+
+Entries one query attends, over all layers, at context c (window W)::
+
+    E(c) = csa * (min(c, W) + min(c / csa_compress, topk_entries))
+         + hca * (min(c, W) + c / hca_compress) + swa * min(c, W)
+
+Decode, one DP rank holding `r` requests with `c` context tokens in all, `q` query tokens per
+request (1 + drafts), per step (ms)::
+
+    attention = layers * kernel + r * q * E(c / r) * entry_flops / flops
+              + r * E(c / r) * entry_bytes / hbm
+    indexer   = csa * kernel_idx + c * indexer_bytes_per_token / hbm_idx
+
+`entry_flops` = 2 (QK and PV) x 2 x heads x head_dim; `entry_bytes` spreads the model's global
+KV bytes per token over the entries one token creates. The indexer scans every request's index
+keys once per step (the logits kernel serves all q queries in one pass).
+
+Prefill, `n` new tokens of one rank at mean context c: attention = layers * kernel +
+n * E(c) * entry_flops / flops; the indexer scores n * c / csa_compress query x key pairs per CSA
+layer (2 x heads x head_dim FLOPs each) and then selects the top-k (see prefill_opts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionCost:
+    """Attention geometry and fitted speeds (ms, bytes/ms, FLOP/ms)."""
+
+    kernel_ms: float
+    flops_ms: float
+    bytes_ms: float
+    indexer_kernel_ms: float
+    indexer_bytes_ms: float
+    indexer_flops_ms: float
+    entry_flops: float
+    kv_bytes_per_token: float
+    indexer_bytes_per_token: float
+    indexer_pair_flops: float
+    window: int
+    topk_entries: float
+    layers: int
+    csa_layers: int
+    csa_compress: int
+    hca_layers: int
+    hca_compress: int
+
+    @property
+    def swa_layers(self) -> int:
+        return self.layers - self.csa_layers - self.hca_layers
+
+    @property
+    def entry_bytes(self) -> float:
+        """KV bytes per attended entry: global KV bytes per token over entries per token."""
+        per_token = (self.csa_layers / self.csa_compress + self.hca_layers / self.hca_compress
+                     + self.swa_layers)
+        return self.kv_bytes_per_token / per_token
+
+    def entries(self, context: float) -> float:
+        """Entries one query attends over all layers at `context` tokens."""
+        w = min(context, self.window)
+        return (self.csa_layers * (w + min(context / self.csa_compress, self.topk_entries))
+                + self.hca_layers * (w + context / self.hca_compress) + self.swa_layers * w)
+
+    def decode_attention_ms(self, requests: float, context_tokens: float, q: int) -> float:
+        """Attention of one rank: `requests` requests holding `context_tokens` in all (ms)."""
+        fixed = self.layers * self.kernel_ms
+        if requests <= 0:
+            return fixed
+        e = self.entries(context_tokens / requests)
+        return fixed + requests * e * (q * self.entry_flops / self.flops_ms
+                                       + self.entry_bytes / self.bytes_ms)
+
+    def decode_indexer_ms(self, requests: float, context_tokens: float) -> float:
+        """Indexer of one rank: every request's index keys are scanned once per step (ms)."""
+        fixed = self.csa_layers * self.indexer_kernel_ms
+        if requests <= 0:
+            return fixed
+        return fixed + context_tokens * self.indexer_bytes_per_token / self.indexer_bytes_ms
+
+    def prefill_attention_ms(self, new_tokens: float, mean_context: float) -> float:
+        """Attention for `new_tokens` queries of one rank at `mean_context` (ms)."""
+        if new_tokens <= 0:
+            return 0.0
+        return (self.layers * self.kernel_ms
+                + new_tokens * self.entries(mean_context) * self.entry_flops / self.flops_ms)
+
+    def prefill_indexer_pairs(self, new_tokens: float, mean_context: float) -> float:
+        """Query x compressed-key pairs the indexer scores on one rank, all CSA layers."""
+        return self.csa_layers * new_tokens * mean_context / self.csa_compress
+
+    def prefill_indexer_score_ms(self, new_tokens: float, mean_context: float) -> float:
+        """Indexer scoring (logits) of one rank over all CSA layers (ms)."""
+        if new_tokens <= 0:
+            return 0.0
+        pairs = self.prefill_indexer_pairs(new_tokens, mean_context)
+        return (self.csa_layers * self.indexer_kernel_ms
+                + pairs * self.indexer_pair_flops / self.indexer_flops_ms)

@@ -1,0 +1,273 @@
+"""The calibrated step model: mechanistic parts (bytes, FLOPs, ranks, queues) whose speeds come
+from a calibration profile (`calibration/<hardware>__<model>.yaml`).
+
+Decode step of a DEPn instance (ms)::
+
+    max over ranks r of [attention_r + indexer_r + dense_r]      (per-rank requests and KV)
+  + moe + comm + draft                                            (hottest EP rank, 1/balancedness)
+  + cpu (scheduling + admission) + sync (DP all-reduce) + straggler (slowest rank's CPU)
+
+and the breakdown fields sum to the step time. See docs/perf.md for each equation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rackSim.config.specs import RunConfig
+from rackSim.perf.attention import AttentionCost
+from rackSim.perf.comm import allreduce_ms, alltoall_layer_ms
+from rackSim.perf.cpu import StragglerModel, admission_ms
+from rackSim.perf.eplb import EplbConfig, EplbState
+from rackSim.perf.moe import MoeKernel, MoeShape, moe_rank_ms
+from rackSim.perf.prefill_opts import (
+    PrefillOptimisations,
+    gather_factor,
+    replayed_tokens,
+    topk_select_ms,
+)
+from rackSim.perf.profile import Profile
+from rackSim.perf.step import DecodeBatch, PrefillBatch, StepBreakdown
+
+MS = 1e3
+
+
+def load_profile(cfg: RunConfig) -> Profile:
+    if cfg.perf.profile is None:
+        raise ValueError("perf.profile: the calibrated model needs a profile")
+    return Profile.load(Path(cfg.perf.profile))
+
+
+class CalibratedStepModel:
+    """Prices the steps of one instance (`role` 'prefill' or 'decode').
+
+    Optional overrides (None = take the scenario / profile value) exist so experiments can
+    compare variants of one scenario: `eplb_enabled`, `allreduce`, `lagged_ranks`,
+    `prefill_opts`, and `balancedness` (a fixed value instead of the EPLB state, used when
+    fitting).
+    """
+
+    def __init__(self, cfg: RunConfig, role: str = "decode", seed: int = 0,
+                 profile: Profile | None = None, *, eplb_enabled: bool | None = None,
+                 allreduce: str | None = None, lagged_ranks: int | None = None,
+                 prefill_opts: PrefillOptimisations | None = None,
+                 balancedness: tuple[float, float] | None = None):
+        if role not in ("prefill", "decode"):
+            raise ValueError(f"role must be 'prefill' or 'decode', not '{role}'")
+        self.cfg, self.role, self.seed = cfg, role, seed
+        p = profile if profile is not None else load_profile(cfg)
+        self.profile = p
+        m, hw, d = cfg.model, cfg.hardware, cfg.deployment
+        self.ranks = d.decode.gpus if role == "decode" else d.prefill.gpus_per_instance
+        hbm_ms = hw.hbm_bw_bytes_s / MS
+        self._hbm_ms = hbm_ms * p.value("moe_hbm_efficiency")  # dense weights, copies
+        self._flops_ms = hw.flops[cfg.perf.weight_dtype] / MS * p.value("moe_flops_efficiency")
+        # The MoE kernel: 'vllm' speeds are fitted to the vLLM kernel tables, 'megamoe' (the
+        # fused dispatch-GEMM-combine kernel of the published deployment) to D3/D4.
+        self.moe_kernel_name = str(p.setting("moe_kernel", "vllm"))
+        moe_hbm = (p.value("megamoe_hbm_efficiency") if self.moe_kernel_name == "megamoe"
+                   else p.value("moe_hbm_efficiency"))
+        self.kernel = MoeKernel(kernel_ms=p.value("moe_kernel_us") / MS,
+                                hbm_bytes_ms=hbm_ms * moe_hbm, flops_ms=self._flops_ms,
+                                token_bytes=p.value("moe_token_bytes"))
+        wb = m.weight_bytes_per_param
+        self.target = MoeShape(m.num_routed_experts, m.experts_per_token, m.expert_params,
+                               m.expert_params * wb, m.hidden_size, m.num_moe_layers)
+        self.draft_shape: MoeShape | None = None
+        self._draft_dense_bytes = 0.0
+        if m.draft is not None:
+            dp = 3.0 * m.hidden_size * m.draft.moe_intermediate_size
+            self.draft_shape = MoeShape(m.draft.num_routed_experts, m.draft.experts_per_token,
+                                        dp, dp * wb, m.hidden_size, m.draft.num_layers)
+            routed = dp * m.draft.num_routed_experts * m.draft.num_layers
+            self._draft_dense_bytes = max(m.draft.params - routed, 0.0) * wb
+        attn_dtype = "bf16" if "bf16" in hw.flops else cfg.perf.weight_dtype
+        idx_dtype = "fp8" if "fp8" in hw.flops else cfg.perf.weight_dtype
+        csa_compress = int(p.value("csa_compress"))
+        self.attn = AttentionCost(
+            kernel_ms=p.value("indexer_kernel_us") / MS,
+            flops_ms=hw.flops[attn_dtype] / MS * p.value("attn_flops_efficiency"),
+            bytes_ms=self._hbm_ms,
+            indexer_kernel_ms=p.value("indexer_kernel_us") / MS,
+            indexer_bytes_ms=hbm_ms * p.value("indexer_hbm_efficiency"),
+            indexer_flops_ms=hw.flops[idx_dtype] / MS * p.value("moe_flops_efficiency"),
+            entry_flops=4.0 * p.value("attention_heads") * p.value("attention_head_dim"),
+            kv_bytes_per_token=m.kv_bytes_per_token,
+            indexer_bytes_per_token=m.indexer_bytes_per_token,
+            indexer_pair_flops=2.0 * p.value("indexer_heads") * p.value("indexer_head_dim"),
+            window=m.sliding_window, topk_entries=m.attention_topk_tokens / csa_compress,
+            layers=m.num_layers, csa_layers=int(p.value("csa_layers")),
+            csa_compress=csa_compress, hca_layers=int(p.value("hca_layers")),
+            hca_compress=int(p.value("hca_compress")))
+        self._dense_bytes = m.dense_params * wb
+        self._dense_flops = 2.0 * m.dense_params
+        self._dense_kernel_ms = p.value("dense_kernel_us") / MS
+        self._nvlink_ms = hw.nvlink_bw_bytes_s / MS * p.value("a2a_nvlink_efficiency")
+        self._a2a_op_ms = p.value("a2a_op_us") / MS
+        self._cpu_step_ms = p.value("cpu_step_ms")
+        optimised = bool(p.setting("admission_optimised", True))
+        self._admit_ns = p.value("admission_ns_per_token" if optimised
+                                 else "admission_ns_per_token_baseline")
+        self.allreduce = allreduce or d.allreduce
+        self._sync_ms = allreduce_ms(self.allreduce, self.ranks, p.value("allreduce_call_ms"),
+                                     p.value("allreduce_hop_ms"))
+        self._dispatch = str(p.setting("moe_dispatch", "alltoall"))
+        self.prefill_opts = prefill_opts or PrefillOptimisations(
+            **(p.setting("prefill_optimisations") or {}))
+        self._replay_baseline = p.value("replay_tokens_baseline")
+        self._tlb = p.value("tlb_overhead")
+        self._topk_ns = p.value("topk_ns_per_candidate")
+        lag = int(p.setting("lagged_ranks", 0) if lagged_ranks is None else lagged_ranks)
+        sync_points = m.num_layers if role == "prefill" else int(
+            p.setting("decode_sync_points", 1))
+        self.straggler = StragglerModel(
+            ranks=self.ranks, jitter_ms=p.value("straggler_jitter_us") / MS,
+            sync_points=sync_points, lag_ms=p.value("straggler_lag_us") / MS,
+            lagged=min(lag, self.ranks), seed=seed * 7919 + 17)
+        self.redundant = d.eplb.redundant_experts
+        self.eplb_enabled = d.eplb.enabled if eplb_enabled is None else eplb_enabled
+        self._fixed_b = balancedness
+        self.eplb_target: EplbState | None = None
+        self.eplb_draft: EplbState | None = None
+        if balancedness is None:
+            self.eplb_target = self._eplb_state(self.target, "target", seed * 2 + 1)
+            if self.draft_shape is not None and role == "decode":
+                self.eplb_draft = self._eplb_state(self.draft_shape, "draft", seed * 2 + 2)
+        self._eplb_extra_steps = 0
+        self._eplb_extra_ms = 0.0
+        self._last_rearrangements = 0
+        self._prefill_steps = 0
+
+    # -- EPLB -------------------------------------------------------------------------------
+    def _eplb_state(self, shape: MoeShape, which: str, seed: int) -> EplbState:
+        p, e = self.profile, self.cfg.deployment.eplb
+        slots = shape.experts + (self.redundant if which == "target" else 0)
+        if slots % self.ranks:
+            slots = shape.experts
+        cfg = EplbConfig(
+            layers=shape.layers, experts=shape.experts, ranks=self.ranks,
+            sigma=p.value(f"eplb_sigma_{which}"),
+            sigma_group=p.value(f"eplb_sigma_group_{which}"),
+            groups=int(p.value("eplb_groups")), drift_steps=p.value("eplb_drift_steps"),
+            enabled=self.eplb_enabled, redundant=slots - shape.experts,
+            interval_steps=e.interval_steps, window_steps=e.window_steps,
+            epoch_steps=int(p.value("eplb_epoch_steps")), expert_bytes=shape.expert_bytes)
+        return EplbState(cfg, seed=seed)
+
+    def balancedness(self, step_index: int) -> tuple[float, float]:
+        """(target, draft) balancedness at `step_index`; advances the EPLB states."""
+        if self._fixed_b is not None:
+            return self._fixed_b
+        t = self.eplb_target.advance(step_index) if self.eplb_target else 1.0
+        dr = self.eplb_draft.advance(step_index) if self.eplb_draft else 1.0
+        if self.eplb_target and self.eplb_target.rearrangements != self._last_rearrangements:
+            self._last_rearrangements = self.eplb_target.rearrangements
+            st = self.eplb_target
+            duration = st.rebalance_ms(self._nvlink_ms)
+            self._eplb_extra_steps = max(1, int(duration // 10.0) + 1)
+            # Copy traffic (read + write) competes with the MoE kernels for HBM.
+            self._eplb_extra_ms = 2.0 * st.last_moved_bytes / self._hbm_ms / self._eplb_extra_steps
+        return t, dr
+
+    def _eplb_overhead_ms(self) -> float:
+        if self._eplb_extra_steps <= 0:
+            return 0.0
+        self._eplb_extra_steps -= 1
+        return self._eplb_extra_ms
+
+    # -- shared pieces -------------------------------------------------------------------------
+    def _moe_comm(self, shape: MoeShape, tokens_total: float, ranks: int, b: float
+                  ) -> tuple[float, float]:
+        redundant = self.redundant if shape is self.target else 0
+        if (shape.experts + redundant) % ranks:
+            redundant = 0
+        moe = moe_rank_ms(self.kernel, shape, tokens_total, ranks, b, self._dispatch, redundant)
+        copies = tokens_total * shape.top_k / ranks / b
+        comm = shape.layers * alltoall_layer_ms(copies, shape.hidden, ranks, self._a2a_op_ms,
+                                                self._nvlink_ms)
+        return moe, comm
+
+    def _draft_ms(self, requests_total: float, ranks: int, b: float, draft_tokens: int) -> float:
+        """Draft model: one forward per draft token over one token per request (ms)."""
+        if self.draft_shape is None or draft_tokens <= 0 or requests_total <= 0:
+            return 0.0
+        moe, comm = self._moe_comm(self.draft_shape, requests_total, ranks, b)
+        dense = (self.draft_shape.layers * self._dense_kernel_ms
+                 + self._draft_dense_bytes / self._hbm_ms)
+        return draft_tokens * (moe + comm + dense)
+
+    # -- decode -----------------------------------------------------------------------------------
+    def decode_step(self, batch: DecodeBatch) -> StepBreakdown:
+        reqs, ctxs = batch.requests_per_rank, batch.context_tokens_per_rank
+        n = len(reqs)
+        q = 1 + batch.draft_tokens
+        total = sum(reqs)
+        cpu = self._cpu_step_ms + batch.admitted_prompt_tokens * self._admit_ns * 1e-6
+        if total <= 0:
+            return StepBreakdown(cpu=cpu, sync=self._sync_ms)
+        b_t, b_d = self.balancedness(batch.step_index)
+        moe, comm = self._moe_comm(self.target, total * q, n, b_t)
+        moe += self._eplb_overhead_ms()
+        draft = self._draft_ms(total, n, b_d, batch.draft_tokens)
+        a = self.attn
+        win, topk, cc, hc = a.window, a.topk_entries, a.csa_compress, a.hca_compress
+        n_all, n_csa, n_hca = a.layers, a.csa_layers, a.hca_layers
+        per_entry = q * a.entry_flops / a.flops_ms + a.entry_bytes / a.bytes_ms
+        ki = a.indexer_bytes_per_token / a.indexer_bytes_ms
+        kd = q * self._dense_flops / self._flops_ms
+        worst, wr, wc = -1.0, 0, 0.0
+        for r, c in zip(reqs, ctxs, strict=True):
+            if r <= 0:
+                continue
+            avg = c / r
+            sel = avg / cc
+            e = (n_all * (avg if avg < win else win) + n_csa * (sel if sel < topk else topk)
+                 + n_hca * avg / hc)
+            v = r * e * per_entry + c * ki + r * kd
+            if v > worst:
+                worst, wr, wc = v, r, c
+        attention = a.decode_attention_ms(wr, wc, q)
+        indexer = a.decode_indexer_ms(wr, wc)
+        dense = (self.cfg.model.num_layers * self._dense_kernel_ms
+                 + max(self._dense_bytes / self._hbm_ms, wr * kd))
+        return StepBreakdown(moe=moe, attention=attention, indexer=indexer, dense=dense,
+                             comm=comm, draft=draft, cpu=cpu, sync=self._sync_ms,
+                             straggler=self.straggler.sample_ms())
+
+    # -- prefill ---------------------------------------------------------------------------------
+    def _prefill_gpu(self, tokens_total: float, requests: int, mean_context: float, n: int,
+                     b: float) -> dict[str, float]:
+        """GPU parts of a prefill step computing `tokens_total` tokens on `n` ranks (ms)."""
+        per_rank = tokens_total / n
+        moe, comm = self._moe_comm(self.target, tokens_total, n, b)
+        dense = (self.cfg.model.num_layers * self._dense_kernel_ms
+                 + max(self._dense_bytes / self._hbm_ms, per_rank * self._dense_flops
+                       / self._flops_ms))
+        g = gather_factor(self.prefill_opts, self._tlb)
+        a = self.attn
+        attention = a.prefill_attention_ms(per_rank, mean_context) * g
+        score = a.prefill_indexer_score_ms(per_rank, mean_context) * g
+        pairs = a.prefill_indexer_pairs(per_rank, mean_context)
+        select = topk_select_ms(self.prefill_opts, pairs, self._topk_ns, self._hbm_ms)
+        return {"moe": moe, "comm": comm, "dense": dense, "attention": attention,
+                "indexer": score + select}
+
+    def prefill_step(self, batch: PrefillBatch) -> StepBreakdown:
+        n = batch.ranks
+        reqs = max(batch.num_requests, 1)
+        cached = max(batch.attended_tokens - batch.new_tokens, 0) / reqs
+        mean_ctx = cached + batch.new_tokens / reqs / 2.0
+        self._prefill_steps += 1
+        b = self.balancedness(self._prefill_steps)[0] if self.ranks == n else 1.0
+        parts = self._prefill_gpu(batch.new_tokens, reqs, mean_ctx, n, b)
+        replay = replayed_tokens(self.prefill_opts, cached, self._replay_baseline) * reqs
+        if replay > 0:
+            more = self._prefill_gpu(batch.new_tokens + replay, reqs, mean_ctx, n, b)
+            share = min(self.prefill_opts.replay_layers, self.cfg.model.num_layers) \
+                / self.cfg.model.num_layers
+            parts = {k: v + (more[k] - v) * share for k, v in parts.items()}
+        host = batch.host_loaded_bytes / n / (self.cfg.hardware.host_link_bw_bytes_s / MS)
+        cpu = self._cpu_step_ms + admission_ms(batch.admitted_prompt_tokens, self._admit_ns) + host
+        sync = allreduce_ms(self.allreduce, n, self.profile.value("allreduce_call_ms"),
+                            self.profile.value("allreduce_hop_ms"))
+        return StepBreakdown(**parts, cpu=cpu, sync=sync, straggler=self.straggler.sample_ms())
