@@ -12,6 +12,7 @@ and the breakdown fields sum to the step time. See docs/perf.md for each equatio
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from rackSim.config.specs import RunConfig
@@ -137,6 +138,10 @@ class CalibratedStepModel:
         self._eplb_extra_ms = 0.0
         self._last_rearrangements = 0
         self._prefill_steps = 0
+        self._linear_context = max(self.attn.window,
+                                   self.attn.csa_compress * self.attn.topk_entries)
+        self._linear_coef: dict[int, tuple[float, float]] = {}
+        self._cache: dict[tuple[float, ...], tuple[float, float, float]] = {}
 
     # -- EPLB -------------------------------------------------------------------------------
     def _eplb_state(self, shape: MoeShape, which: str, seed: int) -> EplbState:
@@ -206,15 +211,41 @@ class CalibratedStepModel:
         if total <= 0:
             return StepBreakdown(cpu=cpu, sync=self._sync_ms)
         b_t, b_d = self.balancedness(batch.step_index)
-        moe, comm = self._moe_comm(self.target, total * q, n, b_t)
+        key = (total, q, b_t, b_d, n)
+        cached = self._cache.get(key)
+        if cached is None:
+            moe, comm = self._moe_comm(self.target, total * q, n, b_t)
+            cached = (moe, comm, self._draft_ms(total, n, b_d, batch.draft_tokens))
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[key] = cached
+        moe, comm, draft = cached
         moe += self._eplb_overhead_ms()
-        draft = self._draft_ms(total, n, b_d, batch.draft_tokens)
+        wr, wc = self._busiest_rank(reqs, ctxs, q)
         a = self.attn
-        win, topk, cc, hc = a.window, a.topk_entries, a.csa_compress, a.hca_compress
-        n_all, n_csa, n_hca = a.layers, a.csa_layers, a.hca_layers
+        kd = q * self._dense_flops / self._flops_ms
+        attention = a.decode_attention_ms(wr, wc, q)
+        indexer = a.decode_indexer_ms(wr, wc)
+        dense = (self.cfg.model.num_layers * self._dense_kernel_ms
+                 + max(self._dense_bytes / self._hbm_ms, wr * kd))
+        return StepBreakdown(moe=moe, attention=attention, indexer=indexer, dense=dense,
+                             comm=comm, draft=draft, cpu=cpu, sync=self._sync_ms,
+                             straggler=self.straggler.sample_ms())
+
+    def _rank_cost_terms(self, q: int) -> tuple[float, float, float]:
+        a = self.attn
         per_entry = q * a.entry_flops / a.flops_ms + a.entry_bytes / a.bytes_ms
         ki = a.indexer_bytes_per_token / a.indexer_bytes_ms
         kd = q * self._dense_flops / self._flops_ms
+        return per_entry, ki, kd
+
+    def _busiest_rank_loop(self, reqs: Sequence[int], ctxs: Sequence[float], q: int
+                           ) -> tuple[int, float]:
+        """(requests, context tokens) of the rank with the most per-rank GPU work."""
+        a = self.attn
+        per_entry, ki, kd = self._rank_cost_terms(q)
+        win, topk, cc, hc = a.window, a.topk_entries, a.csa_compress, a.hca_compress
+        n_all, n_csa, n_hca = a.layers, a.csa_layers, a.hca_layers
         worst, wr, wc = -1.0, 0, 0.0
         for r, c in zip(reqs, ctxs, strict=True):
             if r <= 0:
@@ -226,13 +257,29 @@ class CalibratedStepModel:
             v = r * e * per_entry + c * ki + r * kd
             if v > worst:
                 worst, wr, wc = v, r, c
-        attention = a.decode_attention_ms(wr, wc, q)
-        indexer = a.decode_indexer_ms(wr, wc)
-        dense = (self.cfg.model.num_layers * self._dense_kernel_ms
-                 + max(self._dense_bytes / self._hbm_ms, wr * kd))
-        return StepBreakdown(moe=moe, attention=attention, indexer=indexer, dense=dense,
-                             comm=comm, draft=draft, cpu=cpu, sync=self._sync_ms,
-                             straggler=self.straggler.sample_ms())
+        return wr, wc
+
+    def _busiest_rank(self, reqs: Sequence[int], ctxs: Sequence[float], q: int
+                      ) -> tuple[int, float]:
+        """`_busiest_rank_loop`, with a fast path: when every rank's mean context is past the
+        window and the top-k (the usual decode case), per-rank work is linear in
+        (requests, context) and the loop body is two multiplications."""
+        if min(reqs) > 0 and min(ctxs) >= self._linear_context * max(reqs):
+            coef = self._linear_coef.get(q)
+            if coef is None:
+                a = self.attn
+                per_entry, ki, kd = self._rank_cost_terms(q)
+                coef = (per_entry * (a.layers * a.window + a.csa_layers * a.topk_entries) + kd,
+                        ki + per_entry * a.hca_layers / a.hca_compress)
+                self._linear_coef[q] = coef
+            alpha, beta = coef
+            worst, wr, wc = -1.0, 0, 0.0
+            for r, c in zip(reqs, ctxs, strict=True):
+                v = alpha * r + beta * c
+                if v > worst:
+                    worst, wr, wc = v, r, c
+            return wr, wc
+        return self._busiest_rank_loop(reqs, ctxs, q)
 
     # -- prefill ---------------------------------------------------------------------------------
     def _prefill_gpu(self, tokens_total: float, requests: int, mean_context: float, n: int,

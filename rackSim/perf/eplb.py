@@ -92,12 +92,19 @@ def balanced_placement(load: np.ndarray, ranks: int, redundant: int = 0
     return expert_of_slot, rank_of_slot
 
 
+def replica_counts(expert_of_slot: np.ndarray, experts: int) -> np.ndarray:
+    """Replicas of each expert, (layers, experts)."""
+    layers = expert_of_slot.shape[0]
+    idx = (np.arange(layers)[:, None] * experts + expert_of_slot).ravel()
+    return np.bincount(idx, minlength=layers * experts).reshape(layers, experts).astype(float)
+
+
 def balancedness_of(load: np.ndarray, expert_of_slot: np.ndarray, rank_of_slot: np.ndarray,
-                    ranks: int) -> float:
+                    ranks: int, counts: np.ndarray | None = None) -> float:
     """sum_l mean_r load / sum_l max_r load for a placement (replica load split evenly)."""
     layers, experts = load.shape
-    counts = np.zeros((layers, experts))
-    np.add.at(counts, (np.arange(layers)[:, None], expert_of_slot), 1.0)
+    if counts is None:
+        counts = replica_counts(expert_of_slot, experts)
     slot_load = np.take_along_axis(load / counts, expert_of_slot, axis=1)
     idx = (np.arange(layers)[:, None] * ranks + rank_of_slot).ravel()
     per_rank = np.bincount(idx, weights=slot_load.ravel(), minlength=layers * ranks)
@@ -130,7 +137,8 @@ class EplbState:
         else:
             self._eos = np.broadcast_to(np.arange(cfg.experts), shape).copy()
             self._ros = contiguous_placement(cfg.layers, cfg.experts, cfg.ranks)
-        self._b = balancedness_of(load, self._eos, self._ros, cfg.ranks)
+        self._counts = replica_counts(self._eos, cfg.experts)
+        self._b = balancedness_of(load, self._eos, self._ros, cfg.ranks, self._counts)
 
     def popularity(self) -> np.ndarray:
         """Current expected share of routed tokens per (layer, expert); rows sum to 1."""
@@ -153,7 +161,8 @@ class EplbState:
             steps = self._epoch * self.cfg.epoch_steps
             if self.cfg.enabled and steps % self.cfg.interval_steps == 0:
                 self._rearrange()
-            self._b = balancedness_of(load, self._eos, self._ros, self.cfg.ranks)
+            self._b = balancedness_of(load, self._eos, self._ros, self.cfg.ranks,
+                                      self._counts)
         return self._b
 
     def _drift(self) -> None:
@@ -171,6 +180,7 @@ class EplbState:
         per_rank = np.bincount(ros[changed], minlength=c.ranks)
         self.last_moved_bytes = float(per_rank.max()) * c.expert_bytes
         self._eos, self._ros = eos, ros
+        self._counts = replica_counts(eos, c.experts)
         self.rearrangements += 1
 
     def rebalance_ms(self, nvlink_bytes_ms: float) -> float:
