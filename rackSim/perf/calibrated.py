@@ -134,8 +134,11 @@ class CalibratedStepModel:
             self.eplb_target = self._eplb_state(self.target, "target", seed * 2 + 1)
             if self.draft_shape is not None and role == "decode":
                 self.eplb_draft = self._eplb_state(self.draft_shape, "draft", seed * 2 + 2)
-        self._eplb_extra_steps = 0
+        self._eplb_busy = (0, 0)
         self._eplb_extra_ms = 0.0
+        #: step length used to spread rearrangement copies over steps (ms); a modelling
+        #: choice of the order of a decode step, not a fitted value.
+        self._nominal_step_ms = 15.0
         self._last_rearrangements = 0
         self._prefill_steps = 0
         self._linear_context = max(self.attn.window,
@@ -169,16 +172,16 @@ class CalibratedStepModel:
             self._last_rearrangements = self.eplb_target.rearrangements
             st = self.eplb_target
             duration = st.rebalance_ms(self._nvlink_ms)
-            self._eplb_extra_steps = max(1, int(duration // 10.0) + 1)
-            # Copy traffic (read + write) competes with the MoE kernels for HBM.
-            self._eplb_extra_ms = 2.0 * st.last_moved_bytes / self._hbm_ms / self._eplb_extra_steps
+            # The copies overlap the steps that follow (about one per `nominal_step_ms`); their
+            # HBM traffic (read + write) competes with the MoE kernels of those steps.
+            steps = max(1, int(duration // self._nominal_step_ms) + 1)
+            self._eplb_busy = (st.last_rearrangement_step, st.last_rearrangement_step + steps)
+            self._eplb_extra_ms = 2.0 * st.last_moved_bytes / self._hbm_ms / steps
         return t, dr
 
-    def _eplb_overhead_ms(self) -> float:
-        if self._eplb_extra_steps <= 0:
-            return 0.0
-        self._eplb_extra_steps -= 1
-        return self._eplb_extra_ms
+    def _eplb_overhead_ms(self, step_index: int) -> float:
+        start, end = self._eplb_busy
+        return self._eplb_extra_ms if start <= step_index < end else 0.0
 
     # -- shared pieces -------------------------------------------------------------------------
     def _moe_comm(self, shape: MoeShape, tokens_total: float, ranks: int, b: float
@@ -220,7 +223,7 @@ class CalibratedStepModel:
                 self._cache.clear()
             self._cache[key] = cached
         moe, comm, draft = cached
-        moe += self._eplb_overhead_ms()
+        moe += self._eplb_overhead_ms(batch.step_index)
         wr, wc = self._busiest_rank(reqs, ctxs, q)
         a = self.attn
         kd = q * self._dense_flops / self._flops_ms

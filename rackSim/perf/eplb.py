@@ -128,6 +128,7 @@ class EplbState:
             maxlen=max(1, cfg.window_steps // cfg.epoch_steps))
         self._epoch = 0
         self.rearrangements = 0
+        self.last_rearrangement_step = -1
         self.last_rebalance_ms = 0.0
         self.last_moved_bytes = 0.0
         load = self.popularity()
@@ -161,6 +162,7 @@ class EplbState:
             steps = self._epoch * self.cfg.epoch_steps
             if self.cfg.enabled and steps % self.cfg.interval_steps == 0:
                 self._rearrange()
+                self.last_rearrangement_step = steps
             self._b = balancedness_of(load, self._eos, self._ros, self.cfg.ranks,
                                       self._counts)
         return self._b

@@ -1,0 +1,62 @@
+"""Explain a decode step: its breakdown at DEP4..DEP64, with and without EPLB, with each DP-sync
+all-reduce algorithm (`racksim-calibrate --explain`).
+
+Every rank holds `requests_per_rank` requests of `context` tokens; the straggler column is the
+expected delay (not a random draw); EPLB states are advanced to half-way between two
+rearrangements, so balancedness is in steady state and no weight copies are in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+
+from rackSim.calibrate.scenario import operating_point
+from rackSim.perf.calibrated import CalibratedStepModel
+from rackSim.perf.profile import Profile
+from rackSim.perf.step import COMPONENTS, DecodeBatch
+
+ALGORITHMS = ("ring", "recursive_doubling")
+
+
+def breakdown_table(profile: Profile, widths: list[int], requests_per_rank: int, context: int,
+                    hardware: str = "gb300_nvl72", seed: int = 0) -> pd.DataFrame:
+    """One row per (width, EPLB on/off, all-reduce): ms per component, step, balancedness,
+    tokens/s per user (accepted tokens per step / step) and output tokens/s per GPU."""
+    rows = []
+    for w in widths:
+        for eplb in (False, True):
+            for alg in ALGORITHMS:
+                cfg = operating_point(hardware=hardware, decode_gpus=w, eplb=eplb, allreduce=alg)
+                model = CalibratedStepModel(cfg, "decode", seed=seed, profile=profile)
+                spec = cfg.deployment.decode.speculative
+                interval = cfg.deployment.eplb.interval_steps
+                step = 2 * interval + interval // 2  # between rearrangements (no copy traffic)
+                b_t, b_d = model.balancedness(step)
+                batch = DecodeBatch(requests_per_rank=[requests_per_rank] * w,
+                                    context_tokens_per_rank=[requests_per_rank * context] * w,
+                                    tokens_per_request=spec.accepted_tokens_per_step,
+                                    draft_tokens=spec.num_draft_tokens, new_loads=0,
+                                    admitted_prompt_tokens=0, step_index=step)
+                br = model.decode_step(batch)
+                br = replace(br, straggler=model.straggler.expected_ms())
+                tok = spec.accepted_tokens_per_step
+                rows.append({"DEP": w, "eplb": "on" if eplb else "off", "allreduce": alg,
+                             **{c: br.as_dict()[c] for c in COMPONENTS if c != "kv_stall"},
+                             "step_ms": br.total_ms, "bal_target": b_t, "bal_draft": b_d,
+                             "tok_s_user": tok / br.total_ms * 1e3,
+                             "out_tok_s_gpu": requests_per_rank * tok / br.total_ms * 1e3})
+    return pd.DataFrame(rows)
+
+
+def explain(profile_path: Path, widths: list[int], requests_per_rank: int = 64,
+            context: int = 131072, hardware: str = "gb300_nvl72") -> str:
+    profile = Profile.load(profile_path)
+    df = breakdown_table(profile, widths, requests_per_rank, context, hardware)
+    head = (f"decode step breakdown (ms) on {hardware}, {requests_per_rank} requests/rank, "
+            f"{context} context tokens/request, profile {profile_path}")
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        body = df.to_string(index=False, float_format=lambda v: f"{v:.3f}")
+    return head + "\n" + body

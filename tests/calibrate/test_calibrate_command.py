@@ -1,0 +1,61 @@
+"""racksim-calibrate: explain experiment, fit stages, missing optional dependency."""
+
+from __future__ import annotations
+
+import pytest
+
+from rackSim.calibrate import aic, fit
+from rackSim.calibrate.command import main
+from rackSim.calibrate.explain import breakdown_table
+from rackSim.calibrate.scenario import DEFAULT_PROFILE
+from rackSim.perf.profile import Profile
+
+
+def test_explain_prints_every_width_and_variant(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--explain", "--widths", "4,16", "--requests-per-rank", "32",
+                 "--context", "65536"]) == 0
+    out = capsys.readouterr().out
+    assert "32 requests/rank" in out and "65536 context" in out
+    assert out.count("recursive_doubling") == 4 and out.count(" ring ") == 4
+
+
+def test_explain_table_tells_the_story() -> None:
+    df = breakdown_table(Profile.load(DEFAULT_PROFILE), [4, 8, 16, 32, 64], 64, 131072)
+    assert len(df) == 5 * 2 * 2
+    on_rd = df[(df.eplb == "on") & (df.allreduce == "recursive_doubling")]
+    assert list(on_rd.moe) == sorted(on_rd.moe, reverse=True)  # wider: less MoE per step
+    for w in (16, 32, 64):
+        at = df[df.DEP == w]
+        ring = at[(at.allreduce == "ring") & (at.eplb == "on")].sync.item()
+        rd = at[(at.allreduce == "recursive_doubling") & (at.eplb == "on")].sync.item()
+        assert ring > rd
+        on = at[(at.eplb == "on") & (at.allreduce == "ring")]
+        off = at[(at.eplb == "off") & (at.allreduce == "ring")]
+        assert on.bal_target.item() > off.bal_target.item()
+        assert (on.moe + on.comm).item() < (off.moe + off.comm).item()
+    parts = ["moe", "attention", "indexer", "dense", "comm", "draft", "cpu", "sync", "straggler"]
+    assert df[parts].sum(axis=1).to_numpy() == pytest.approx(df.step_ms.to_numpy())
+
+
+def test_cpu_stage_fits_c1_and_c2_exactly() -> None:
+    p = fit.start_profile(None) if aic.aic_root() else fit.start_profile(
+        Profile.load(DEFAULT_PROFILE))
+    pub = fit.figures.published_values()
+    p = fit._fit_stage(p, ["allreduce_call_ms", "allreduce_hop_ms"],
+                       lambda q: fit._rel(fit.figures.predict_cpu(q), pub,
+                                          ["C1.ring", "C1.recursive_doubling"]), ["C1"], "t")
+    pred = fit.figures.predict_cpu(p)
+    assert pred["C1.ring"] == pytest.approx(10.8, rel=1e-4)
+    assert pred["C1.recursive_doubling"] == pytest.approx(1.5, rel=1e-4)
+    # closed form: call + 62 hop = 10.8, call + 5 hop = 1.5
+    assert p.value("allreduce_hop_ms") == pytest.approx(9.3 / 57, rel=1e-4)
+
+
+def test_kernel_fit_skipped_with_message_without_aic(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aic, "aic_root", lambda: None)
+    logs: list[str] = []
+    p = fit.start_profile(Profile.load(DEFAULT_PROFILE))
+    before = p.value("moe_hbm_efficiency")
+    p = fit.fit_kernels(p, logs.append)
+    assert logs == [fit.AIC_MISSING]
+    assert p.value("moe_hbm_efficiency") == before
