@@ -1,7 +1,8 @@
 """The calibrated step model: mechanistic parts (bytes, FLOPs, ranks, queues) whose speeds come
 from a calibration profile (`calibration/<hardware>__<model>.yaml`).
 
-Decode step of a DEPn instance (ms)::
+Decode step of a DEPn instance (ms); a TPn instance (one DP rank, heads and experts sharded n
+ways, two all-reduces per layer instead of the all-to-all) is priced by `_decode_tp`::
 
     max over ranks r of [attention_r + indexer_r + dense_r]      (per-rank requests and KV)
   + moe + comm + draft                                            (hottest EP rank, 1/balancedness)
@@ -20,7 +21,7 @@ from rackSim.perf.attention import AttentionCost
 from rackSim.perf.comm import allreduce_ms, alltoall_layer_ms
 from rackSim.perf.cpu import StragglerModel, admission_ms
 from rackSim.perf.eplb import EplbConfig, EplbState
-from rackSim.perf.moe import MoeKernel, MoeShape, moe_rank_ms
+from rackSim.perf.moe import MoeKernel, MoeShape, experts_hit_random, moe_rank_ms
 from rackSim.perf.prefill_opts import (
     PrefillOptimisations,
     gather_factor,
@@ -60,6 +61,9 @@ class CalibratedStepModel:
         self.profile = p
         m, hw, d = cfg.model, cfg.hardware, cfg.deployment
         self.ranks = d.decode.gpus if role == "decode" else d.prefill.gpus_per_instance
+        par = d.decode.parallelism if role == "decode" else d.prefill.parallelism
+        #: tensor-parallel width (1 for DEP: experts spread, attention data-parallel)
+        self.tp = self.ranks if par == "TP" else 1
         hbm_ms = hw.hbm_bw_bytes_s / MS
         self._hbm_ms = hbm_ms * p.value("moe_hbm_efficiency")  # dense weights, copies
         self._flops_ms = hw.flops[cfg.perf.weight_dtype] / MS * p.value("moe_flops_efficiency")
@@ -110,7 +114,8 @@ class CalibratedStepModel:
         self._admit_ns = p.value("admission_ns_per_token" if optimised
                                  else "admission_ns_per_token_baseline")
         self.allreduce = allreduce or d.allreduce
-        self._sync_ms = allreduce_ms(self.allreduce, self.ranks, p.value("allreduce_call_ms"),
+        dp_ranks = self.ranks // self.tp
+        self._sync_ms = allreduce_ms(self.allreduce, dp_ranks, p.value("allreduce_call_ms"),
                                      p.value("allreduce_hop_ms"))
         self._dispatch = str(p.setting("moe_dispatch", "alltoall"))
         self.prefill_opts = prefill_opts or PrefillOptimisations(
@@ -204,8 +209,54 @@ class CalibratedStepModel:
                  + self._draft_dense_bytes / self._hbm_ms)
         return draft_tokens * (moe + comm + dense)
 
+    # -- tensor parallel -------------------------------------------------------------------------
+    def _tp_allreduce_ms(self, tokens: float, layers: int) -> float:
+        """Two ring all-reduces (after attention and after the FFN/MoE) of BF16 activations per
+        layer over the TP group (ms)."""
+        t = self.tp
+        nbytes = tokens * self.cfg.model.hidden_size * 2.0
+        return layers * 2.0 * (self._a2a_op_ms + 2.0 * (t - 1) / t * nbytes / self._nvlink_ms)
+
+    def _moe_tp_ms(self, shape: MoeShape, tokens: float) -> float:
+        """MoE with every expert sharded over the TP group: each GPU reads 1/tp of every hit
+        expert and does 1/tp of the FLOPs; no imbalance, no all-to-all (ms)."""
+        t = self.tp
+        assignments = tokens * shape.top_k
+        hit = experts_hit_random(shape.experts, shape.experts, assignments)
+        return shape.layers * self.kernel.layer_ms(tokens, assignments / t, hit / t,
+                                                   shape.expert_bytes, shape.expert_params,
+                                                   shape.hidden)
+
+    def _decode_tp(self, batch: DecodeBatch, cpu: float) -> StepBreakdown:
+        """Decode step of a TPn instance: one DP rank, heads and experts sharded n ways."""
+        t, m, a = self.tp, self.cfg.model, self.attn
+        reqs, ctx = sum(batch.requests_per_rank), sum(batch.context_tokens_per_rank)
+        q = 1 + batch.draft_tokens
+        tokens = reqs * q
+        moe = self._moe_tp_ms(self.target, tokens)
+        e = a.entries(ctx / reqs)
+        # Heads are split, the single shared KV head (and the index keys) are read by all.
+        attention = (a.layers * a.kernel_ms + reqs * e * (q * a.entry_flops / a.flops_ms / t
+                                                         + a.entry_bytes / a.bytes_ms))
+        indexer = a.decode_indexer_ms(reqs, ctx)
+        dense = (m.num_layers * self._dense_kernel_ms
+                 + max(self._dense_bytes / t / self._hbm_ms,
+                       tokens * self._dense_flops / t / self._flops_ms))
+        comm = self._tp_allreduce_ms(tokens, m.num_layers)
+        draft = 0.0
+        if self.draft_shape is not None and batch.draft_tokens > 0:
+            per = (self._moe_tp_ms(self.draft_shape, reqs)
+                   + self.draft_shape.layers * self._dense_kernel_ms
+                   + self._draft_dense_bytes / t / self._hbm_ms
+                   + self._tp_allreduce_ms(reqs, self.draft_shape.layers))
+            draft = batch.draft_tokens * per
+        return StepBreakdown(moe=moe, attention=attention, indexer=indexer, dense=dense,
+                             comm=comm, draft=draft, cpu=cpu, sync=self._sync_ms,
+                             straggler=self.straggler.sample_ms())
+
     # -- decode -----------------------------------------------------------------------------------
     def decode_step(self, batch: DecodeBatch) -> StepBreakdown:
+        """Price one decode step (see the module docstring); fields sum to the step time."""
         reqs, ctxs = batch.requests_per_rank, batch.context_tokens_per_rank
         n = len(reqs)
         q = 1 + batch.draft_tokens
@@ -213,6 +264,8 @@ class CalibratedStepModel:
         cpu = self._cpu_step_ms + batch.admitted_prompt_tokens * self._admit_ns * 1e-6
         if total <= 0:
             return StepBreakdown(cpu=cpu, sync=self._sync_ms)
+        if self.tp > 1:
+            return self._decode_tp(batch, cpu)
         b_t, b_d = self.balancedness(batch.step_index)
         key = (total, q, b_t, b_d, n)
         cached = self._cache.get(key)
@@ -288,13 +341,27 @@ class CalibratedStepModel:
     def _prefill_gpu(self, tokens_total: float, requests: int, mean_context: float, n: int,
                      b: float) -> dict[str, float]:
         """GPU parts of a prefill step computing `tokens_total` tokens on `n` ranks (ms)."""
+        g = gather_factor(self.prefill_opts, self._tlb)
+        a = self.attn
+        if self.tp > 1:
+            # TP: every GPU sees all tokens with 1/tp of the heads and of each expert.
+            t = self.tp
+            moe = self._moe_tp_ms(self.target, tokens_total)
+            comm = self._tp_allreduce_ms(tokens_total, self.cfg.model.num_layers)
+            dense = (self.cfg.model.num_layers * self._dense_kernel_ms
+                     + max(self._dense_bytes / t / self._hbm_ms,
+                           tokens_total * self._dense_flops / t / self._flops_ms))
+            attention = a.prefill_attention_ms(tokens_total / t, mean_context) * g
+            score = a.prefill_indexer_score_ms(tokens_total / t, mean_context) * g
+            pairs = a.prefill_indexer_pairs(tokens_total / t, mean_context)
+            select = topk_select_ms(self.prefill_opts, pairs, self._topk_ns, self._hbm_ms)
+            return {"moe": moe, "comm": comm, "dense": dense, "attention": attention,
+                    "indexer": score + select}
         per_rank = tokens_total / n
         moe, comm = self._moe_comm(self.target, tokens_total, n, b)
         dense = (self.cfg.model.num_layers * self._dense_kernel_ms
                  + max(self._dense_bytes / self._hbm_ms, per_rank * self._dense_flops
                        / self._flops_ms))
-        g = gather_factor(self.prefill_opts, self._tlb)
-        a = self.attn
         attention = a.prefill_attention_ms(per_rank, mean_context) * g
         score = a.prefill_indexer_score_ms(per_rank, mean_context) * g
         pairs = a.prefill_indexer_pairs(per_rank, mean_context)
@@ -318,6 +385,6 @@ class CalibratedStepModel:
             parts = {k: v + (more[k] - v) * share for k, v in parts.items()}
         host = batch.host_loaded_bytes / n / (self.cfg.hardware.host_link_bw_bytes_s / MS)
         cpu = self._cpu_step_ms + admission_ms(batch.admitted_prompt_tokens, self._admit_ns) + host
-        sync = allreduce_ms(self.allreduce, n, self.profile.value("allreduce_call_ms"),
+        sync = allreduce_ms(self.allreduce, n // self.tp, self.profile.value("allreduce_call_ms"),
                             self.profile.value("allreduce_hop_ms"))
         return StepBreakdown(**parts, cpu=cpu, sync=sync, straggler=self.straggler.sample_ms())

@@ -123,3 +123,31 @@ def test_prefill_toggles_and_lagged_rank() -> None:
     cfg = operating_point(prefill_gpus=2, profile=DEFAULT_PROFILE)
     assert _prefill(host=host) - all_on == pytest.approx(
         host / 2 / cfg.hardware.host_link_bw_bytes_s * 1e3, rel=1e-6, abs=0.05)
+
+
+def _tp_cfg(gpus: int = 4):
+    from rackSim.config.specs import RunConfig
+
+    data = operating_point(decode_gpus=gpus, prefill_gpus=2, profile=DEFAULT_PROFILE).model_dump()
+    data["deployment"]["decode"]["parallelism"] = "TP"
+    data["deployment"]["prefill"]["parallelism"] = "TP"
+    return RunConfig.model_validate(data)
+
+
+def test_tensor_parallel_decode_and_prefill() -> None:
+    cfg = _tp_cfg(4)
+    m = CalibratedStepModel(cfg, "decode", profile=PROFILE)
+    assert m.tp == 4
+    one = m.decode_step(DecodeBatch([1], [20_000.0], 3.25, 3, 0, 0, 1))
+    many = m.decode_step(DecodeBatch([64], [64 * 20_000.0], 3.25, 3, 0, 0, 1))
+    assert one.sync == 0.0  # a single DP rank needs no DP sync
+    assert one.comm > 0.0 and many.comm > one.comm  # per-layer all-reduces grow with tokens
+    assert many.moe > one.moe and many.total_ms > one.total_ms
+    assert one.total_ms == pytest.approx(sum(one.as_dict().values()))
+    # sharding: the same single request on 4 TP GPUs reads a quarter of the dense weights
+    dep1 = CalibratedStepModel(operating_point(decode_gpus=4, profile=DEFAULT_PROFILE),
+                               "decode", profile=PROFILE, balancedness=(1.0, 1.0))
+    assert m._dense_bytes / 4 < dep1._dense_bytes
+    pre = CalibratedStepModel(cfg, "prefill", profile=PROFILE)
+    b = pre.prefill_step(PrefillBatch(8192, 8192, 1, 8192, 2))
+    assert b.moe > 0 and b.comm > 0 and b.sync == 0.0

@@ -69,3 +69,20 @@ def test_eplb_deterministic_per_seed() -> None:
     assert [a.advance(s) for s in range(0, 5000, 700)] == [b.advance(s) for s in
                                                          range(0, 5000, 700)]
     assert c.advance(4900) != a.balancedness
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), ranks=st.sampled_from([4, 8, 16, 32]),
+       sigma=st.floats(0.0, 3.0))
+def test_no_redundancy_bound(seed: int, ranks: int, sigma: float) -> None:
+    """Without redundant experts no placement beats k x (contiguous balancedness), k = experts
+    per rank: the hottest contiguous rank holds an expert of at least 1/k of its load, and
+    that expert sits whole on some rank. (Why E2, 0.21 -> 0.89 at 4 experts/rank, cannot
+    both hold: 4 x 0.21 = 0.84.)"""
+    rng = np.random.default_rng(seed)
+    load = np.exp(sigma * rng.standard_normal((3, 128)))
+    k = 128 // ranks
+    off = balancedness_of(load, np.broadcast_to(np.arange(128), (3, 128)),
+                          contiguous_placement(3, 128, ranks), ranks)
+    eos, ros = balanced_placement(load, ranks)
+    assert balancedness_of(load, eos, ros, ranks) <= k * off + 1e-12
