@@ -1,0 +1,122 @@
+"""`racksim-workload`: describe a workload (generator spec, JSONL file or trace).
+
+Prints a short table, writes `summary.json`, `requests.csv` and `workload.png` to `--out`,
+and can save the session graphs as JSONL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+from rackSim.workload.agentx import AgentXSpec, generate_agentx
+from rackSim.workload.graph import SessionGraph
+from rackSim.workload.jsonl import load_jsonl, save_jsonl
+from rackSim.workload.stats import NominalTiming, WorkloadStats, describe
+from rackSim.workload.traces import load_azure, load_mooncake
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="racksim-workload", description=__doc__.splitlines()[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--agentx", nargs="?", const="", metavar="SPEC.yaml",
+                     help="AgentX-style generator (defaults, or an AgentXSpec YAML)")
+    src.add_argument("--scenario", metavar="WORKLOAD.yaml",
+                     help="a scenarios/workload/*.yaml file (source agentx, synthetic, jsonl, "
+                          "mooncake or azure)")
+    src.add_argument("--jsonl", metavar="FILE", help="a racksim-workload JSONL file")
+    src.add_argument("--mooncake", metavar="FILE", help="a Mooncake trace (JSONL)")
+    src.add_argument("--azure", metavar="FILE", help="an Azure LLM-inference trace (CSV)")
+    p.add_argument("--sessions", type=int, help="sessions to generate (generators)")
+    p.add_argument("--seed", type=int, default=0, help="generator / jitter seed (default 0)")
+    p.add_argument("--jitter-s", type=float, help="Mooncake arrival jitter (default: auto)")
+    p.add_argument("--speedup", type=float, default=1.0, help="trace time compression")
+    p.add_argument("--concurrency", type=int,
+                   help="closed-loop lanes (default: every session starts at t=0)")
+    p.add_argument("--ttft-s", type=float, default=1.0, help="nominal time to first token (s)")
+    p.add_argument("--tpot-s", type=float, default=0.005, help="nominal time per output token")
+    p.add_argument("--cache-tokens", type=float, nargs="*", default=[float(1 << 20)],
+                   help="finite LRU prefix-cache capacities (tokens; default 1048576)")
+    p.add_argument("--out", type=Path, help="directory for summary.json, requests.csv, PNG")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--save-jsonl", type=Path, metavar="FILE", help="save the graphs as JSONL")
+    return p
+
+
+def load_source(args: argparse.Namespace) -> tuple[list[SessionGraph], str]:
+    """The session graphs the arguments name, and a label for them."""
+    if args.agentx is not None:
+        raw = yaml.safe_load(Path(args.agentx).read_text()) if args.agentx else {}
+        spec = AgentXSpec.model_validate(raw or {})
+        return generate_agentx(spec, args.seed, args.sessions), f"agentx seed={args.seed}"
+    if args.scenario:
+        return _scenario(Path(args.scenario), args)
+    if args.jsonl:
+        return load_jsonl(args.jsonl), args.jsonl
+    if args.mooncake:
+        return load_mooncake(args.mooncake, args.seed, args.jitter_s), args.mooncake
+    return load_azure(args.azure), args.azure
+
+
+def _scenario(path: Path, args: argparse.Namespace) -> tuple[list[SessionGraph], str]:
+    w = yaml.safe_load(path.read_text())
+    source = w.get("source", "synthetic")
+    n = args.sessions or w.get("num_sessions")
+    if source == "agentx":
+        spec = AgentXSpec.model_validate(w.get("agentx") or {})
+        return generate_agentx(spec, args.seed, n), f"{path} (agentx)"
+    if source == "synthetic":
+        from rackSim.config.specs import SyntheticSessionsSpec
+        from rackSim.workload.synthetic import generate_sessions
+        spec = SyntheticSessionsSpec.model_validate(w["synthetic"])
+        return generate_sessions(spec, n or 393, args.seed), f"{path} (synthetic)"
+    loaders = {"jsonl": load_jsonl, "azure": load_azure,
+               "mooncake": lambda f: load_mooncake(f, args.seed, args.jitter_s)}
+    if source not in loaders:
+        raise SystemExit(f"{path}: unknown source '{source}'")
+    return loaders[source](w["path"]), f"{path} ({source})"
+
+
+def print_table(stats: WorkloadStats) -> None:
+    s = stats.summary
+    rows = [("source", s["source"]), ("sessions", s["sessions"]), ("requests", s["requests"]),
+            ("prompt tokens (mean / p50 / p99)",
+             f"{s['prompt_tokens_mean']:,.0f} / {s['prompt_tokens_p50']:,.0f} / "
+             f"{s['prompt_tokens_p99']:,.0f}"),
+            ("output tokens (mean)", f"{s['output_tokens_mean']:,.1f}"),
+            ("tokens: prompt / new / prefix / output",
+             f"{s['prompt_tokens']:,} / {s['new_tokens']:,} / {s['prefix_tokens']:,} / "
+             f"{s['output_tokens']:,}"),
+            ("prefix reuse, infinite cache", f"{s['reuse_inf']:.1%}")]
+    rows += [(f"prefix reuse, LRU {k.removeprefix('reuse_lru_')} tokens", f"{v:.1%}")
+             for k, v in s.items() if k.startswith("reuse_lru_")]
+    rows += [("sessions with subagents", s["sessions_with_subagents"]),
+             ("subagents per session (mean / max)",
+              f"{s['subagents_per_session_mean']:.2f} / {s['subagents_per_session_max']}"),
+             ("in-flight requests (mean / peak)",
+              f"{s['inflight_mean']:.1f} / {s['inflight_peak']}"),
+             ("span (nominal s)", f"{s['duration_s']:,.0f}")]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    graphs, label = load_source(args)
+    timing = NominalTiming(args.ttft_s, args.tpot_s, args.concurrency, args.speedup)
+    stats = describe(graphs, timing, args.cache_tokens, source=label)
+    print_table(stats)
+    if args.save_jsonl:
+        save_jsonl(graphs, args.save_jsonl, meta={"source": label})
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "summary.json").write_text(json.dumps(stats.summary, indent=2) + "\n")
+        stats.requests.to_csv(args.out / "requests.csv", index=False)
+        if not args.no_plot:
+            from rackSim.workload.plot import plot_workload
+            plot_workload(stats, args.out / "workload.png")
+    return 0

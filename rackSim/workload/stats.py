@@ -1,0 +1,139 @@
+"""Workload statistics: requests, tokens by kind, prefix reuse, fan-out, in-flight over time.
+
+Time is *nominal*: no server is simulated. Each request takes `ttft_s + output_tokens x tpot_s`
+(defaults: 1 s + 5 ms per token, about the published ~200 tokens/s per user; 0 and 0 give
+zero service time). Closed-loop sessions (no `start_s`) run on `concurrency` lanes, each lane
+starting its next session when the previous one ends (None = every session starts at 0);
+timestamped sessions start at `start_s / speedup`. Prefix reuse replays the prompts in send
+order through a block-LRU prefix cache (`prefix_cache`), prompt blocks inserted at send (the
+prefill instance's view: generated tokens are not cached until a later prompt carries them).
+As in vLLM, the last prompt token is always computed, so a hit covers at most
+`(prompt_tokens - 1) // 64` blocks.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from rackSim.workload.graph import BLOCK_TOKENS, SessionGraph, SessionInstance
+from rackSim.workload.prefix_cache import BlockLruCache
+
+
+@dataclass(frozen=True)
+class NominalTiming:
+    """Service-time model and session start policy for statistics (not a simulation)."""
+
+    ttft_s: float = 1.0
+    tpot_s: float = 0.005
+    concurrency: int | None = None
+    speedup: float = 1.0
+
+
+@dataclass
+class WorkloadStats:
+    """What `describe` measured: `summary` (flat numbers) and one row per request."""
+
+    summary: dict[str, float | int | str]
+    requests: pd.DataFrame
+    inflight: pd.DataFrame = field(repr=False)
+
+
+def timeline(graphs: Sequence[SessionGraph], timing: NominalTiming = NominalTiming()
+             ) -> pd.DataFrame:
+    """One row per request: session, rid, agent, send_s, finish_s and its token counts."""
+    lanes = [0.0] * timing.concurrency if timing.concurrency else None
+    cols: dict[str, list] = {k: [] for k in ("session", "rid", "agent", "send_s", "finish_s",
+                                              "prompt", "new", "prefix", "output")}
+    for j, g in enumerate(graphs):
+        if g.start_s is not None:
+            start = g.start_s / timing.speedup
+        elif lanes is not None:
+            start = heapq.heappop(lanes)
+        else:
+            start = 0.0
+        finish: list[float] = []
+        for r in g.requests:
+            send = max((finish[a] for a in r.after), default=start) + r.delay_s
+            finish.append(send + timing.ttft_s + r.output_tokens * timing.tpot_s)
+            for k, v in zip(cols, (j, r.rid, r.agent, send, finish[-1], r.prompt_tokens,
+                                   r.new_tokens, r.prefix_tokens, r.output_tokens), strict=True):
+                cols[k].append(v)
+        if g.start_s is None and lanes is not None:
+            heapq.heappush(lanes, max(finish))
+    return pd.DataFrame(cols)
+
+
+def prefix_hits(graphs: Sequence[SessionGraph], table: pd.DataFrame,
+                capacity_tokens: float | None) -> np.ndarray:
+    """Cached prompt tokens per row of `table` (send order) through one LRU prefix cache."""
+    cap = None if capacity_tokens is None else int(capacity_tokens // BLOCK_TOKENS)
+    cache = BlockLruCache(cap)
+    insts = [SessionInstance(g, key_base=(j + 1) << 20) for j, g in enumerate(graphs)]
+    hits = np.zeros(len(table), dtype=np.int64)
+    order = np.lexsort((table["rid"].to_numpy(), table["session"].to_numpy(),
+                        table["send_s"].to_numpy()))
+    sess, rid, prompt = (table[c].to_numpy() for c in ("session", "rid", "prompt"))
+    for i in order:
+        path = insts[sess[i]].prompt_path(int(rid[i]))
+        hits[i] = cache.access(path, (int(prompt[i]) - 1) // BLOCK_TOKENS) * BLOCK_TOKENS
+    return hits
+
+
+def inflight(table: pd.DataFrame) -> pd.DataFrame:
+    """In-flight requests as a step function: columns t_s, inflight (value from t_s on)."""
+    t = np.concatenate([table["send_s"].to_numpy(), table["finish_s"].to_numpy()])
+    d = np.concatenate([np.ones(len(table)), -np.ones(len(table))])
+    order = np.lexsort((d, t))  # finishes before sends at equal times
+    t, level = t[order], np.cumsum(d[order])
+    last = np.append(t[1:] != t[:-1], True)
+    return pd.DataFrame({"t_s": t[last], "inflight": level[last].astype(np.int64)})
+
+
+def describe(graphs: Sequence[SessionGraph], timing: NominalTiming = NominalTiming(),
+             cache_tokens: Sequence[float] = (1 << 20,), source: str = "") -> WorkloadStats:
+    """Statistics of a workload; `cache_tokens` lists finite LRU capacities (tokens)."""
+    if not graphs:
+        raise ValueError("empty workload")
+    tab = timeline(graphs, timing)
+    tab["cached_inf"] = prefix_hits(graphs, tab, None)
+    for cap in cache_tokens:
+        tab[f"cached_{int(cap)}"] = prefix_hits(graphs, tab, cap)
+    flight = inflight(tab)
+    dt = np.diff(flight["t_s"].to_numpy())
+    span = flight["t_s"].iloc[-1] - flight["t_s"].iloc[0]
+    branches = np.array([max(r.agent for r in g.requests) for g in graphs])
+    per_session = tab.groupby("session").size().to_numpy()
+    s: dict[str, float | int | str] = {
+        "source": source, "sessions": len(graphs), "requests": len(tab),
+        "requests_per_session_mean": float(per_session.mean()),
+        "prompt_tokens": int(tab["prompt"].sum()), "new_tokens": int(tab["new"].sum()),
+        "prefix_tokens": int(tab["prefix"].sum()), "output_tokens": int(tab["output"].sum()),
+        "prompt_tokens_mean": float(tab["prompt"].mean()),
+        "prompt_tokens_p50": float(tab["prompt"].median()),
+        "prompt_tokens_p99": float(tab["prompt"].quantile(0.99)),
+        "prompt_tokens_max": int(tab["prompt"].max()),
+        "output_tokens_mean": float(tab["output"].mean()),
+        "structural_prefix_share": float(tab["prefix"].sum() / tab["prompt"].sum()),
+        "cached_tokens_inf": int(tab["cached_inf"].sum()),
+        "reuse_inf": float(tab["cached_inf"].sum() / tab["prompt"].sum()),
+    }
+    for cap in cache_tokens:
+        col = f"cached_{int(cap)}"
+        s[f"reuse_lru_{int(cap)}"] = float(tab[col].sum() / tab["prompt"].sum())
+    s.update({
+        "sessions_with_subagents": int((branches > 0).sum()),
+        "subagents_per_session_mean": float(branches.mean()),
+        "subagents_per_session_max": int(branches.max()),
+        "duration_s": float(span),
+        "inflight_peak": int(flight["inflight"].max()),
+        "inflight_mean": float((flight["inflight"].to_numpy()[:-1] * dt).sum() / span)
+        if span > 0 else float(flight["inflight"].max()),
+        "ttft_s": timing.ttft_s, "tpot_s": timing.tpot_s,
+        "concurrency": timing.concurrency or 0, "speedup": timing.speedup,
+    })
+    return WorkloadStats(s, tab, flight)
