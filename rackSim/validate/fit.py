@@ -1,0 +1,272 @@
+"""Fit a step-time profile of a measured server, from its iteration log or from driver records.
+
+The profile prices one engine step (vLLM mixes prefill chunks and decode tokens in a step):
+
+    step_ms = const_ms + per_prefill_token_ms * prefill_tokens
+              + per_prefill_request_ms * prefill_requests
+              + per_decode_request_ms * decode_requests + per_context_token_ms * context_tokens
+              + overhead_ms
+
+and `api_overhead_ms` is a fixed per-request delay before a request reaches the scheduler
+(HTTP handling, request processing) that adds to its TTFT only.
+
+- From the iteration log (`fit_iteration_log`): ordinary regression of each step's logged
+  elapsed time on its counts (the log has no context column, so per_context_token_ms = 0).
+  The log times the model step only; `overhead_ms` (scheduling, output processing between
+  steps) and `api_overhead_ms` come from the driver records of the same run when given.
+- Black box (`fit_driver_records`): no step log. Each request gives two equations: its
+  end-to-end latency = its TTFT + (output - 1) steps priced at the mean batch seen over its
+  decode span plus the prefill work other requests did meanwhile; its TTFT = the steps needed
+  to compute its own and the overlapping prompt tokens under the chunk budget, plus half a
+  step of waiting, plus api_overhead_ms. Batch sizes come from the records' overlaps.
+
+Both use `scipy.optimize.least_squares` (non-negative coefficients, soft-L1 loss so a few
+stalls from a shared machine do not dominate) and report residuals.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+from scipy.optimize import least_squares
+
+from rackSim.metrics.records import RequestRecord
+
+PROFILE_FORMAT = "racksim-measured-profile/1"
+COEFFS = ("const_ms", "per_prefill_token_ms", "per_prefill_request_ms",
+          "per_decode_request_ms", "per_context_token_ms")
+
+
+@dataclass
+class ServerShape:
+    """The scheduler limits of the measured server. max_num_batched_tokens: token budget per
+    step; max_num_seqs: running requests cap; block_tokens: KV block size (tokens);
+    kv_capacity_tokens: KV cache size (tokens)."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    block_tokens: int = 128
+    kv_capacity_tokens: int = 1_048_576
+
+
+@dataclass
+class Profile:
+    """A fitted step-time profile (see the module docstring); times in ms."""
+
+    coeffs: dict[str, float]
+    overhead_ms: float = 0.0
+    api_overhead_ms: float = 0.0
+    server: ServerShape = field(default_factory=ServerShape)
+    source: str = "iteration_log"
+    provenance: dict = field(default_factory=dict)
+    residuals: dict = field(default_factory=dict)
+
+    def step_ms(self, prefill_tokens: float, prefill_requests: float, decode_requests: float,
+                context_tokens: float = 0.0) -> float:
+        """Duration (ms) of one engine step with these counts, overhead included."""
+        c = self.coeffs
+        return (c["const_ms"] + c["per_prefill_token_ms"] * prefill_tokens
+                + c["per_prefill_request_ms"] * prefill_requests
+                + c["per_decode_request_ms"] * decode_requests
+                + c["per_context_token_ms"] * context_tokens + self.overhead_ms)
+
+    def to_yaml(self, path: Path) -> Path:
+        doc = {"format": PROFILE_FORMAT, "kind": "measured_step_time", "source": self.source,
+               "step_ms": {k: float(self.coeffs[k]) for k in COEFFS},
+               "overhead_ms": float(self.overhead_ms),
+               "api_overhead_ms": float(self.api_overhead_ms),
+               "server": vars(self.server), "provenance": self.provenance,
+               "residuals": self.residuals}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    @classmethod
+    def from_yaml(cls, path: Path) -> Profile:
+        """Read a profile; ValueError naming the missing field and the fix."""
+        try:
+            doc = yaml.safe_load(Path(path).read_text())
+        except OSError as err:
+            raise ValueError(f"profile: cannot read '{path}' ({err})") from err
+        if not isinstance(doc, dict) or doc.get("format") != PROFILE_FORMAT:
+            raise ValueError(f"profile '{path}': not a {PROFILE_FORMAT} file; produce one with "
+                             "`racksim-validate fit`")
+        step = doc.get("step_ms") or {}
+        missing = [k for k in COEFFS if k not in step]
+        if missing:
+            raise ValueError(f"profile '{path}': step_ms lacks {missing}")
+        return cls(coeffs={k: float(step[k]) for k in COEFFS},
+                   overhead_ms=float(doc.get("overhead_ms", 0.0)),
+                   api_overhead_ms=float(doc.get("api_overhead_ms", 0.0)),
+                   server=ServerShape(**(doc.get("server") or {})),
+                   source=str(doc.get("source", "")), provenance=doc.get("provenance") or {},
+                   residuals=doc.get("residuals") or {})
+
+
+def _stats(pred: np.ndarray, obs: np.ndarray) -> dict[str, float]:
+    err = pred - obs
+    ss = float(((obs - obs.mean()) ** 2).sum())
+    pct = np.abs(err) / np.maximum(np.abs(obs), 1e-9) * 100
+    return {"n": int(obs.size), "rmse_ms": float(np.sqrt((err ** 2).mean())),
+            "mae_ms": float(np.abs(err).mean()), "bias_ms": float(err.mean()),
+            "r2": float(1 - (err ** 2).sum() / ss) if ss > 0 else math.nan,
+            "abs_pct_p50": float(np.percentile(pct, 50)),
+            "abs_pct_p90": float(np.percentile(pct, 90))}
+
+
+def _provenance(source: str, inputs: list[str], extra: dict | None = None) -> dict:
+    return {"created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "method": "scipy.optimize.least_squares, non-negative, loss=soft_l1",
+            "source": source, "inputs": inputs, **(extra or {})}
+
+
+def fit_iteration_log(steps: list[tuple], shape: ServerShape | None = None,
+                      records: list[RequestRecord] | None = None,
+                      inputs: list[str] | None = None) -> Profile:
+    """Fit step time on the logged counts of every step (rows in STEP_COLUMNS order).
+    With the driver `records` of the same run, also estimate overhead_ms (busy wall time not
+    covered by logged step time, per step) and api_overhead_ms."""
+    if len(steps) < 8:
+        raise ValueError(f"iteration log: {len(steps)} steps, need at least 8 to fit")
+    a = np.array([[s[5], s[4], s[6]] for s in steps], dtype=float)  # p_tok, p_req, d_req
+    y = np.array([s[3] for s in steps], dtype=float)
+    x = np.column_stack([np.ones(len(y)), a])
+
+    def resid(c: np.ndarray) -> np.ndarray:
+        return x @ c - y
+
+    c0 = np.linalg.lstsq(x, y, rcond=None)[0].clip(min=1e-6)
+    sol = least_squares(resid, c0, bounds=(0, np.inf), loss="soft_l1",
+                        f_scale=max(float(np.median(y)) * 0.2, 0.1))
+    c = sol.x
+    coeffs = dict(zip(COEFFS, [c[0], c[1], c[2], c[3], 0.0], strict=True))
+    pred = x @ c
+    is_pf = a[:, 0] > 0
+    residuals = {"all": _stats(pred, y)}
+    if is_pf.any():
+        residuals["with_prefill"] = _stats(pred[is_pf], y[is_pf])
+    if (~is_pf).any():
+        residuals["decode_only"] = _stats(pred[~is_pf], y[~is_pf])
+    prof = Profile(coeffs=coeffs, server=shape or ServerShape(), source="iteration_log",
+                   residuals=residuals)
+    extra: dict = {"steps": len(steps), "logged_step_ms_total": float(y.sum())}
+    if records:
+        busy = _busy_s(records)
+        prof.overhead_ms = max(0.0, (busy * 1e3 - float(y.sum())) / len(steps))
+        prof.api_overhead_ms = _api_overhead(records, prof)
+        extra.update({"busy_s": busy, "records": len(records)})
+    prof.provenance = _provenance("iteration_log", inputs or [], extra)
+    return prof
+
+
+def _ok(records: list[RequestRecord]) -> list[RequestRecord]:
+    return [r for r in records if r.error is None and r.output_tokens >= 1
+            and not math.isnan(r.first_token_s) and not math.isnan(r.finish_s)]
+
+
+def _busy_s(records: list[RequestRecord]) -> float:
+    """Wall time (s) during which at least one request was at the server."""
+    spans = sorted((r.send_s, r.finish_s) for r in records if not math.isnan(r.finish_s))
+    total, cur_a, cur_b = 0.0, None, None
+    for a, b in spans:
+        if cur_b is None or a > cur_b:
+            if cur_b is not None:
+                total += cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    if cur_b is not None:
+        total += cur_b - cur_a
+    return total
+
+
+def _api_overhead(records: list[RequestRecord], prof: Profile) -> float:
+    """Median TTFT left over (ms) after one prefill step, over requests that prefilled alone."""
+    ok = _ok(records)
+    left = []
+    for r in ok:
+        alone = not any(o is not r and o.send_s < r.first_token_s and o.first_token_s > r.send_s
+                        for o in ok)
+        if alone:
+            step = prof.step_ms(r.uncached_tokens, 1, 0)
+            left.append(r.ttft_ms - step)
+    return max(0.0, float(np.median(left))) if left else 0.0
+
+
+def _overlap(a0: np.ndarray, a1: np.ndarray, b0: float, b1: float) -> np.ndarray:
+    return np.clip(np.minimum(a1, b1) - np.maximum(a0, b0), 0, None)
+
+
+def blackbox_features(records: list[RequestRecord], budget: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Design rows (const, prefill tokens, prefill requests, decode requests, context tokens,
+    api), observations (ms) and a 0/1 kind (0 = end-to-end latency, 1 = TTFT) per equation.
+
+    End-to-end latency (send to last token) is used rather than the decode span alone: on a
+    busy client machine tokens may reach the client in bursts, which distorts the span but
+    hardly the time of the last token."""
+    ok = _ok(records)
+    if len(ok) < 8:
+        raise ValueError(f"driver records: {len(ok)} successful requests, need at least 8")
+    s = np.array([r.send_s for r in ok])
+    f = np.array([r.first_token_s for r in ok])
+    e = np.array([r.finish_s for r in ok])
+    u = np.array([max(r.uncached_tokens, 1) for r in ok], dtype=float)
+    chunks = np.ceil(u / budget)
+    ctx = np.array([r.prompt_tokens + r.output_tokens / 2 for r in ok], dtype=float)
+    pf_len = np.maximum(f - s, 1e-6)
+    rows, obs, kind = [], [], []
+    for i in range(len(ok)):
+        win = max(f[i] - s[i], 1e-6)
+        frac = _overlap(s, f, s[i], f[i]) / pf_len
+        frac[i] = 1.0
+        p_tok = (frac * u).sum()
+        k = max(1.0, math.ceil(p_tok / budget)) + 0.5
+        dec = _overlap(f, e, s[i], f[i]) / win
+        ttft = np.array([k, p_tok, (frac * chunks).sum(), k * dec.sum(), k * (dec * ctx).sum(),
+                         1.0])
+        rows.append(ttft)
+        obs.append(win * 1e3)
+        kind.append(1)
+        steps = ok[i].output_tokens - 1
+        if steps >= 2 and e[i] > f[i]:
+            span = e[i] - f[i]
+            dec = _overlap(f, e, f[i], e[i])
+            frac = _overlap(s, f, f[i], e[i]) / pf_len
+            frac[i] = 0.0
+            rows.append(ttft + np.array([steps, (frac * u).sum(), (frac * chunks).sum(),
+                                         steps * dec.sum() / span,
+                                         steps * (dec * ctx).sum() / span, 0.0]))
+            obs.append((e[i] - s[i]) * 1e3)
+            kind.append(0)
+    return np.array(rows), np.array(obs), np.array(kind)
+
+
+def fit_driver_records(records: list[RequestRecord], shape: ServerShape | None = None,
+                       inputs: list[str] | None = None) -> Profile:
+    """Black-box fit from driver records alone (see the module docstring)."""
+    shape = shape or ServerShape()
+    x, y, kind = blackbox_features(records, shape.max_num_batched_tokens)
+    scale = np.maximum(y, 1.0)
+
+    def resid(c: np.ndarray) -> np.ndarray:
+        return (x @ c - y) / scale
+
+    c_init = np.array([2.0, 0.005, 0.5, 0.2, 0.0, 1.0])
+    sol = least_squares(resid, c_init, bounds=(0, np.inf), loss="soft_l1", f_scale=0.2)
+    c = sol.x
+    pred = x @ c
+    residuals = {"all": _stats(pred, y)}
+    for k, name in ((0, "e2e"), (1, "ttft")):
+        if (kind == k).any():
+            residuals[name] = _stats(pred[kind == k], y[kind == k])
+    return Profile(coeffs=dict(zip(COEFFS, c[:5], strict=True)), api_overhead_ms=float(c[5]),
+                   server=shape, source="driver_records", residuals=residuals,
+                   provenance=_provenance("driver_records", inputs or [],
+                                          {"requests": int((kind == 1).sum()),
+                                           "equations": int(len(y))}))

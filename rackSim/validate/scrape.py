@@ -1,0 +1,116 @@
+"""Prometheus `/metrics` scrapes of a vLLM server, and the is-this-vLLM check.
+
+Scrapes are parsed with prometheus-client's text parser
+(`prometheus_client.parser.text_string_to_metric_families`) and stored, one JSON line per
+scrape: `{"t_s", "endpoint", "label", "samples": [[name, {labels}, value], ...]}`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+class EndpointError(RuntimeError):
+    """An endpoint is unreachable or not a vLLM server (the message says which and why)."""
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What the preflight learnt: served model id and its max_model_len (tokens)."""
+
+    url: str
+    model: str
+    max_model_len: int | None
+
+
+def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """(sample name, labels, value) of every sample in a Prometheus text exposition."""
+    out = []
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.append((s.name, dict(s.labels), float(s.value)))
+    return out
+
+
+def metric_total(samples: list[tuple[str, dict[str, str], float]], name: str) -> float:
+    """Sum of a sample name's values over all label sets (0 when absent)."""
+    return float(sum(v for n, _, v in samples if n == name))
+
+
+async def scrape(client: httpx.AsyncClient, url: str, timeout_s: float = 5.0
+                 ) -> list[tuple[str, dict[str, str], float]]:
+    r = await client.get(url.rstrip("/") + "/metrics", timeout=timeout_s)
+    r.raise_for_status()
+    return parse_metrics(r.text)
+
+
+async def preflight(client: httpx.AsyncClient, url: str, model: str | None = None,
+                    timeout_s: float = 5.0) -> ServerInfo:
+    """Check that `url` is a reachable vLLM server: /v1/models lists a model and /metrics has
+    `vllm:` series. Raises EndpointError with the reason and the fix."""
+    base = url.rstrip("/")
+    try:
+        r = await client.get(base + "/v1/models", timeout=timeout_s)
+    except httpx.HTTPError as err:
+        raise EndpointError(
+            f"endpoint {url}: unreachable ({type(err).__name__}: {err}); start the server "
+            "(e.g. `racksim-validate serve`) or fix --endpoint") from err
+    data = None
+    if r.status_code == 200:
+        try:
+            data = r.json()
+        except ValueError:
+            data = None
+    if not isinstance(data, dict) or not isinstance(data.get("data"), list) or not data["data"]:
+        raise EndpointError(
+            f"endpoint {url}: not a vLLM/OpenAI server (GET /v1/models answered "
+            f"{r.status_code} without a model list); point --endpoint at a vLLM server")
+    cards = data["data"]
+    ids = [c.get("id") for c in cards]
+    if model is not None and model not in ids:
+        raise EndpointError(f"endpoint {url}: serves {ids}, not --model {model!r}")
+    card = cards[ids.index(model)] if model is not None else cards[0]
+    try:
+        m = await client.get(base + "/metrics", timeout=timeout_s)
+        samples = parse_metrics(m.text) if m.status_code == 200 else []
+    except (httpx.HTTPError, ValueError):
+        samples = []
+    if not any(n.startswith("vllm:") for n, _, _ in samples):
+        raise EndpointError(
+            f"endpoint {url}: /metrics has no vllm: series, so this is not a vLLM server "
+            "(the driver records vLLM's own metrics); point --endpoint at a vLLM server")
+    mml = card.get("max_model_len")
+    return ServerInfo(url=base, model=str(card["id"]),
+                      max_model_len=int(mml) if isinstance(mml, int) else None)
+
+
+class ScrapeLog:
+    """Appends scrapes to a JSONL file (flushed per scrape)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = path.open("a", encoding="utf-8")
+        self.count = 0
+
+    def write(self, t_s: float, endpoint: str, label: str,
+              samples: list[tuple[str, dict[str, str], float]] | None, error: str | None = None
+              ) -> None:
+        row = {"t_s": t_s, "endpoint": endpoint, "label": label,
+               "samples": [[n, lab, v] for n, lab, v in samples or []], "error": error}
+        self._f.write(json.dumps(row, separators=(",", ":")) + "\n")
+        self._f.flush()
+        self.count += 1
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_scrapes(path: Path) -> list[dict]:
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
