@@ -59,7 +59,8 @@ class AgentClients:
         self.records.append(rec)
         self.in_flight += 1
         self.submit(Job(spec=spec, inst=inst, path=inst.prompt_path(spec.rid), rec=rec,
-                        on_done=self._done, output_tokens=spec.output_tokens))
+                        on_done=self._done, output_tokens=spec.output_tokens,
+                        prompt_tokens=spec.prompt_tokens))
 
     def _done(self, job: Job) -> None:
         self.in_flight -= 1

@@ -49,7 +49,10 @@ class BlockCache:
 
     def can_hold(self, path: PromptPath) -> bool:
         """Whether `path` fits after evicting every unpinned block not on it."""
-        return self.missing(path) <= self.capacity - self.pinned - self._on_path_unpinned(path)
+        need = self.missing(path)
+        if need <= self.capacity - self.used:
+            return True
+        return need <= self.capacity - self.pinned - self._on_path_unpinned(path)
 
     def _on_path_unpinned(self, path: PromptPath) -> int:
         pins, res = self._pins, self._res
@@ -141,7 +144,7 @@ class TieredPrefixCache:
     def lookup(self, path: PromptPath) -> tuple[int, int]:
         """(blocks hit in GPU memory, further blocks hit in host memory) along `path`."""
         gpu = self.gpu.lookup(path)
-        if self.host is None:
+        if self.host is None or self.host.used == 0:
             return gpu, 0
         hit = 0
         g, h = self.gpu, self.host

@@ -19,13 +19,10 @@ class Job:
     rec: RequestRecord
     on_done: Callable[[Job], None]
     output_tokens: int
+    prompt_tokens: int
     computed: int = 0          # prompt tokens whose KV exists on the prefill instance
     host_blocks: int = 0       # cached blocks that must be promoted from host memory
     decode_rank: int = -1
     finish_step: int = -1
     steps: int = 0             # decode steps it needs
     admit_step: int = -1
-
-    @property
-    def prompt_tokens(self) -> int:
-        return self.spec.prompt_tokens

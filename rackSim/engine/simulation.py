@@ -132,7 +132,7 @@ class Simulation:
                             prompt_tokens=spec.prompt_tokens,
                             phase="primer")
         job = Job(spec=spec, inst=inst, path=inst.prompt_path(spec.rid), rec=rec,
-                  on_done=lambda _j: None, output_tokens=1)
+                  on_done=lambda _j: None, output_tokens=1, prompt_tokens=spec.prompt_tokens)
         self.prefills[inst.lane % len(self.prefills)].cache.insert(job.path)
         rank = inst.lane % self.decode.ranks
         self.decode.caches[rank].insert(job.path)

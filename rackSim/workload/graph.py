@@ -6,6 +6,11 @@ prefix tree: each request owns one node, covering the tokens of its context past
 it branched off its parent. KV blocks are 64 tokens, aligned to absolute positions; a block that
 straddles a branch point holds the child's tokens, so it belongs to the child's node.
 
+A turn that re-sends its parent's *whole* context continues the parent's token sequence, so a
+chain of such turns (an agent's conversation) is one node, owned by the chain's first request:
+the tree branches only where a subagent forks or a context is compacted, and paths are 1-3
+nodes deep however many turns a session has.
+
 A *prompt path* lists, root first, the nodes a prompt runs through and how many full blocks of
 each it covers: `((node_key, blocks), ...)`. Caches track residency per node (blocks resident
 from the node's first block), so a prefix lookup costs O(depth), not O(blocks).
@@ -14,6 +19,7 @@ from the node's first block), so a prefix lookup costs O(depth), not O(blocks).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 BLOCK_TOKENS = 64
 
@@ -55,7 +61,7 @@ class RequestSpec:
         return self.prompt_tokens + self.output_tokens
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SessionGraph:
     """A session: requests in topological order (every edge points to a lower rid)."""
 
@@ -73,6 +79,25 @@ class SessionGraph:
             for a in r.after:
                 out[a].append(r.rid)
         return out
+
+    @cached_property
+    def chain_heads(self) -> tuple[int, ...]:
+        """rid -> first request of its chain (the prefix-tree node that owns its tokens).
+
+        A request continues its parent's chain when its prefix is the parent's whole context
+        and no earlier request already continued it; otherwise it starts a node of its own.
+        """
+        heads: list[int] = []
+        continued: set[int] = set()
+        for r in self.requests:
+            p = r.parent
+            if (p is not None and p not in continued and r.path is None
+                    and r.prefix_tokens == self.requests[p].context_tokens):
+                continued.add(p)
+                heads.append(heads[p])
+            else:
+                heads.append(r.rid)
+        return tuple(heads)
 
 
 @dataclass(slots=True)
@@ -98,9 +123,41 @@ class SessionInstance:
         """Like `prompt_path` but through the generated output too (what decode holds after)."""
         return self._path(rid, self.graph.requests[rid].context_tokens)
 
-    def _path(self, rid: int, end_tokens: int) -> PromptPath:
+    def segments(self, rid: int, end_tokens: int | None = None) -> list[tuple[int, int, int]]:
+        """Token ownership of request `rid`'s prompt (or its first `end_tokens` of context):
+        [(node_key, start, end)] in absolute token positions, root first.
+
+        A node owns its chain's tokens from the chain head's `prefix_tokens` on. Explicit paths
+        (trace loaders) give each node its blocks, the tail after the last full block belonging
+        to the last node.
+        """
         reqs = self.graph.requests
         r = reqs[rid]
+        end = r.prompt_tokens if end_tokens is None else end_tokens
+        if r.path is not None:
+            out, pos = [], 0
+            for key, blocks in r.path:
+                out.append((key, pos, pos + blocks * BLOCK_TOKENS))
+                pos += blocks * BLOCK_TOKENS
+            if pos < end:
+                key, start, _ = out[-1]
+                out[-1] = (key, start, end)
+            return out
+        heads = self.graph.chain_heads
+        h = reqs[heads[rid]]
+        out = [(self.key_base + h.rid, h.prefix_tokens, end)]
+        pos, p = h.prefix_tokens, h.parent
+        while p is not None:
+            q = reqs[heads[p]]
+            if pos > q.prefix_tokens:
+                out.append((self.key_base + q.rid, q.prefix_tokens, pos))
+                pos = q.prefix_tokens
+            p = q.parent
+        out.reverse()
+        return [s for s in out if s[2] > s[1]]
+
+    def _path(self, rid: int, end_tokens: int) -> PromptPath:
+        r = self.graph.requests[rid]
         if r.path is not None:
             if end_tokens == r.prompt_tokens:
                 return r.path
@@ -108,19 +165,10 @@ class SessionInstance:
             *head, (node, blocks) = r.path
             return (*head, (node, blocks + extra))
         path = []
-        own = end_tokens // BLOCK_TOKENS - r.prefix_tokens // BLOCK_TOKENS
-        if own > 0:
-            path.append((self.key_base + rid, own))
-        pos, p = r.prefix_tokens, r.parent
-        while p is not None:
-            q = reqs[p]
-            if pos > q.prefix_tokens:
-                blocks = pos // BLOCK_TOKENS - q.prefix_tokens // BLOCK_TOKENS
-                if blocks > 0:
-                    path.append((self.key_base + p, blocks))
-                pos = q.prefix_tokens
-            p = q.parent
-        path.reverse()
+        for key, start, end in self.segments(rid, end_tokens):
+            blocks = end // BLOCK_TOKENS - start // BLOCK_TOKENS
+            if blocks > 0:
+                path.append((key, blocks))
         return tuple(path)
 
 

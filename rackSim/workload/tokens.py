@@ -40,34 +40,9 @@ def _hash(keys: np.ndarray, counters: np.ndarray, salt: np.uint64) -> np.ndarray
 
 
 def segments(inst: SessionInstance, rid: int) -> list[tuple[int, int, int]]:
-    """Token ownership of request `rid`'s prompt: [(node_key, start, end)] in token positions.
-
-    Derived paths walk the prefix parents (a node owns its context from its `prefix_tokens`
-    on); explicit paths (trace loaders) give each node its blocks, the tail after the last full
-    block belonging to the last node.
-    """
-    reqs = inst.graph.requests
-    r = reqs[rid]
-    end = r.prompt_tokens
-    if r.path is not None:
-        out, pos = [], 0
-        for key, blocks in r.path:
-            out.append((key, pos, pos + blocks * BLOCK_TOKENS))
-            pos += blocks * BLOCK_TOKENS
-        if pos < end:
-            key, start, _ = out[-1]
-            out[-1] = (key, start, end)
-        return out
-    out = [(inst.node_key(rid), r.prefix_tokens, end)]
-    pos, p = r.prefix_tokens, r.parent
-    while p is not None:
-        q = reqs[p]
-        if pos > q.prefix_tokens:
-            out.append((inst.node_key(p), q.prefix_tokens, pos))
-            pos = q.prefix_tokens
-        p = q.parent
-    out.reverse()
-    return [s for s in out if s[2] > s[1]]
+    """Token ownership of request `rid`'s prompt: [(node_key, start, end)] in token positions
+    (see `SessionInstance.segments`)."""
+    return inst.segments(rid)
 
 
 def prompt_token_ids(inst: SessionInstance, rid: int,

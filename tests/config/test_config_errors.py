@@ -1,0 +1,83 @@
+"""Every way a scenario can be wrong fails before simulating, naming the field and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from rackSim.config import ConfigError, compose_scenario
+
+
+@pytest.mark.parametrize("overrides, expect", [
+    # experts that cannot be spread over the EP width
+    (["deployment.decode.gpus=5"], ["deployment.decode.gpus=5", "384", "divides"]),
+    (["deployment.eplb.redundant_experts=1"], ["385", "EP ranks"]),
+    # more GPUs than the racks hold
+    (["deployment.prefill.instances=40"], ["84 GPUs", "racks=1", "72"]),
+    # weights plus one full-context request do not fit in HBM
+    (["hardware=gb200_nvl72", "deployment.prefill.gpus_per_instance=1"],
+     ["deployment.prefill", "KV per GPU", "full-context"]),
+    # negative or zero rates and sizes
+    (["pricing.output_usd_per_mtok=-1"], ["pricing.output_usd_per_mtok", "greater than or equal"]),
+    (["hardware.hbm_bw_bytes_s=0"], ["hardware.hbm_bw_bytes_s", "greater than 0"]),
+    (["workload.replay.concurrency=0"], ["workload.replay.concurrency"]),
+    (["workload.replay.window_s=-5"], ["workload.replay.window_s"]),
+    (["deployment.kv_transfer.efficiency=1.5"], ["deployment.kv_transfer.efficiency"]),
+    (["deployment.decode.speculative.accepted_tokens_per_step=5"], ["exceeds"]),
+    # unknown keys (added with + so Hydra lets them through to validation)
+    (["+deployment.decode.turbo=true"], ["deployment.decode.turbo", "unknown key"]),
+    (["+surprise=1"], ["surprise", "unknown key"]),
+    # a missing file
+    (["workload.source=jsonl", "+workload.path=/nonexistent/sessions.jsonl"],
+     ["workload", "no such file", "/nonexistent/sessions.jsonl"]),
+    (["perf.model=calibrated", "perf.profile=/nope.yaml"], ["perf", "no such file"]),
+    # wrong type / enum
+    (["deployment.router=random"], ["deployment.router"]),
+    (["perf.weight_dtype=fp2"], ["perf.weight_dtype", "fp2"]),
+])
+def test_bad_scenarios_name_the_field(overrides, expect):
+    with pytest.raises(ConfigError) as err:
+        compose_scenario(["experiment=smoke", *overrides])
+    msg = str(err.value)
+    for part in expect:
+        assert part in msg, msg
+
+
+def test_hydra_rejects_unknown_override_key():
+    with pytest.raises(ConfigCompositionException, match="turbo"):
+        compose_scenario(["deployment.decode.turbo=true"])
+
+
+def test_missing_group_option():
+    with pytest.raises(Exception, match="hardware"):
+        compose_scenario(["hardware=tpu_v9"])
+
+
+def test_reference_scenario_is_valid():
+    cfg = compose_scenario([])
+    assert cfg.deployment.num_gpus == 48
+    assert cfg.deployment.decode.gpus == 32 and cfg.deployment.prefill.gpus_per_instance == 2
+
+
+def _racksim(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", "from rackSim.cli import run; run()", f"hydra.run.dir={tmp_path}",
+         "progress=false", *overrides], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_bad_input_exits_nonzero_and_writes_no_result(tmp_path):
+    p = _racksim(tmp_path, "experiment=smoke", "deployment.decode.gpus=5")
+    assert p.returncode == 2
+    assert "deployment.decode.gpus=5" in p.stderr
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_cli_unknown_key_exits_nonzero(tmp_path):
+    p = _racksim(tmp_path, "experiment=smoke", "deployment.decode.turbo=true")
+    assert p.returncode != 0
+    assert "turbo" in p.stderr
+    assert not (tmp_path / "summary.json").exists()

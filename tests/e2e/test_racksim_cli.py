@@ -1,0 +1,98 @@
+"""`racksim` end to end on the small scenario: files, plots, numbers, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from rackSim.config import compose_scenario
+from rackSim.metrics.records import REQUEST_COLUMNS, STEP_COLUMNS
+from rackSim.run import simulate
+
+CMD = [sys.executable, "-c", "from rackSim.cli import run; run()"]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    p = subprocess.run([*CMD, f"hydra.run.dir={out}", "experiment=smoke", "progress=false"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return out, p.stdout
+
+
+def test_writes_every_artefact(smoke_run):
+    out, stdout = smoke_run
+    for name in ("summary.json", "requests.parquet", "steps.parquet", "scenario.json",
+                 "throughput_timeseries.csv", "itl_histogram.csv", "throughput.png",
+                 "latency.png", "decode_breakdown.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert not (out / "PARTIAL").exists()
+    assert "throughput" in stdout and "interactivity" in stdout
+
+
+def test_tables_load_with_pandas_and_follow_the_schema(smoke_run):
+    out, _ = smoke_run
+    req = pd.read_parquet(out / "requests.parquet")
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert set(REQUEST_COLUMNS) <= set(req.columns)
+    assert list(steps.columns) == list(STEP_COLUMNS)
+    assert {"decode", "prefill-0", "prefill-1"} == set(steps["instance"])
+    comps = [c for c in STEP_COLUMNS if c.endswith("_ms") and c != "duration_ms"]
+    assert (steps[comps].sum(axis=1) - steps["duration_ms"]).abs().max() < 1e-6
+
+
+def test_summary_is_consistent(smoke_run):
+    out, _ = smoke_run
+    s = json.loads((out / "summary.json").read_text())
+    parts = s["cached_input_tok_s_gpu"] + s["uncached_input_tok_s_gpu"] + s["output_tok_s_gpu"]
+    assert s["throughput_tok_s_gpu"] == pytest.approx(parts)
+    assert s["interactivity_tok_s"] == pytest.approx(1e3 / s["itl_p90_ms"])
+    assert s["ttft_p50_ms"] <= s["ttft_p90_ms"] <= s["ttft_p99_ms"]
+    assert s["requests_finished"] > 100 and s["partial"] is False
+    assert s["num_gpus"] == 8 and s["window_s"] == pytest.approx(60)
+    assert 0.5 < s["cache_hit_rate"] < 1.0  # agentic turns re-send their context
+
+
+def test_speculation_shows_in_interactivity(smoke_cfg):
+    """1 vs 3.25 tokens per step: interactivity scales by 3.25 x the step-time ratio (the
+    published headline's arithmetic), up to the spread of step times across the window."""
+    base = simulate(smoke_cfg, progress=False)
+    no_spec = compose_scenario(["experiment=smoke", "progress=false",
+                                "deployment.decode.speculative.accepted_tokens_per_step=1"])
+    one = simulate(no_spec, progress=False)
+
+    def median_step_ms(r):
+        d = r.steps[r.steps["instance"] == "decode"]
+        return d["duration_ms"].median()
+
+    ratio = base.summary["interactivity_tok_s"] / one.summary["interactivity_tok_s"]
+    expected = 3.25 * median_step_ms(one) / median_step_ms(base)
+    assert ratio == pytest.approx(expected, rel=0.1)
+    assert ratio > 2.5
+
+
+def test_ctrl_c_writes_partial_results(tmp_path):
+    p = subprocess.Popen([*CMD, f"hydra.run.dir={tmp_path}", "experiment=smoke",
+                          "workload.replay.window_s=100000"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    log = tmp_path / "cli.log"
+    while time.monotonic() < deadline and p.poll() is None:
+        if log.exists() and (tmp_path / ".hydra").exists():
+            time.sleep(3.0)  # let it get into the window
+            break
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert "PARTIAL" in err or "interrupted" in err
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["partial"] is True
+    assert (tmp_path / "PARTIAL").exists()
