@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="directory for summary.json, requests.csv, PNG")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument("--save-jsonl", type=Path, metavar="FILE", help="save the graphs as JSONL")
+    p.add_argument("--with-hashes", action="store_true",
+                   help="write each prompt's block hashes into the saved JSONL")
     return p
 
 
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     stats = describe(graphs, timing, args.cache_tokens, source=label)
     print_table(stats)
     if args.save_jsonl:
-        save_jsonl(graphs, args.save_jsonl, meta={"source": label})
+        save_jsonl(graphs, args.save_jsonl, meta={"source": label}, with_hashes=args.with_hashes)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "summary.json").write_text(json.dumps(stats.summary, indent=2) + "\n")

@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph
+from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, SessionInstance
+from rackSim.workload.tokens import block_hashes
 
 FORMAT = "racksim-workload"
 VERSION = 1
@@ -28,9 +29,13 @@ class WorkloadFormatError(ValueError):
 
 
 def save_jsonl(graphs: Iterable[SessionGraph], path: str | Path,
-               meta: dict[str, Any] | None = None,
-               hashes: dict[tuple[str, int], list[int]] | None = None) -> None:
-    """Write `graphs` to `path`; `hashes` optionally adds block hashes per (session, rid)."""
+               meta: dict[str, Any] | None = None, with_hashes: bool = False) -> None:
+    """Write `graphs` to `path`.
+
+    with_hashes: also write each prompt's session-scoped 64-token block hashes
+    (`tokens.block_hashes` with key_base 0, shifted to 63 bits so any JSON reader holds them
+    as signed 64-bit integers; large: one integer per prompt block).
+    """
     graphs = list(graphs)
     header = {"format": FORMAT, "version": VERSION, "block_tokens": BLOCK_TOKENS,
               "sessions": len(graphs), "requests": sum(len(g.requests) for g in graphs),
@@ -38,6 +43,7 @@ def save_jsonl(graphs: Iterable[SessionGraph], path: str | Path,
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps(header) + "\n")
         for g in graphs:
+            inst = SessionInstance(g, key_base=0)
             f.write(json.dumps({"session": g.session_id, "requests": len(g.requests),
                                 "start_s": g.start_s}) + "\n")
             for r in g.requests:
@@ -47,8 +53,8 @@ def save_jsonl(graphs: Iterable[SessionGraph], path: str | Path,
                     "after": list(r.after), "delay_s": r.delay_s, "agent": r.agent}
                 if r.path is not None:
                     row["path"] = [list(e) for e in r.path]
-                if hashes is not None and (g.session_id, r.rid) in hashes:
-                    row["hashes"] = [int(h) for h in hashes[(g.session_id, r.rid)]]
+                if with_hashes:
+                    row["hashes"] = [int(h) >> 1 for h in block_hashes(inst, r.rid)]
                 f.write(json.dumps(row) + "\n")
 
 
@@ -237,6 +243,8 @@ class _Reader:
 
     @staticmethod
     def _precedes(a: int, b: int, after: dict[int, list]) -> bool:
+        if a in after[b]:
+            return True
         todo, seen = list(after[b]), set()
         while todo:
             x = todo.pop()

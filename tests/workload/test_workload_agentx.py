@@ -86,7 +86,11 @@ def test_token_ids_and_hashes_agree_on_generated_sessions(tmp_path: Path, seed: 
     sys_blocks = 3000 // BLOCK_TOKENS
     heads = {block_hashes(inst, r.rid)[:sys_blocks].tobytes() for r in g.requests}
     assert len(heads) == 1
-    save_jsonl([g], tmp_path / "g.jsonl")
+    # another replay of the same session (other key_base) shares no block with this one
+    other = SessionInstance(g, key_base=10 << 20)
+    assert not set(block_hashes(other, last.rid)) & set(block_hashes(inst, last.rid))
+    # hashes written to a file pass the loader's prefix-consistency check
+    save_jsonl([g], tmp_path / "g.jsonl", with_hashes=True)
     assert load_jsonl(tmp_path / "g.jsonl") == [g]
 
 

@@ -29,9 +29,11 @@ def test_round_trip_is_exact(tmp_path: Path, graphs: list[SessionGraph], timed: 
 def test_round_trip_with_paths_and_hashes(tmp_path: Path) -> None:
     g = SessionGraph("t", (RequestSpec(0, None, 0, 700, 3, path=((1 << 62, 8), (1 << 62 | 9, 2))),
                            RequestSpec(1, None, 0, 100, 4, after=(0,), delay_s=0.25)), 12.0)
+    save_jsonl([g], tmp_path / "w.jsonl", with_hashes=True)
+    rows = [json.loads(x) for x in (tmp_path / "w.jsonl").open()]
     inst = SessionInstance(g, key_base=0)
-    hashes = {("t", r.rid): block_hashes(inst, r.rid).tolist() for r in g.requests}
-    save_jsonl([g], tmp_path / "w.jsonl", hashes=hashes)
+    assert rows[2]["hashes"] == [int(h) >> 1 for h in block_hashes(inst, 0)]
+    assert len(rows[3]["hashes"]) == 1
     assert load_jsonl(tmp_path / "w.jsonl") == [g]
 
 
