@@ -12,11 +12,11 @@ from pathlib import Path
 
 import yaml
 
-from rackSim.workload.agentx import AgentXSpec, generate_agentx
+from rackSim.workload.agentx import AgentXSpec
 from rackSim.workload.graph import SessionGraph
-from rackSim.workload.jsonl import load_jsonl, save_jsonl
+from rackSim.workload.jsonl import save_jsonl
+from rackSim.workload.sources import load_graphs
 from rackSim.workload.stats import NominalTiming, WorkloadStats, describe
-from rackSim.workload.traces import load_azure, load_mooncake
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,33 +53,30 @@ def load_source(args: argparse.Namespace) -> tuple[list[SessionGraph], str]:
     if args.agentx is not None:
         raw = yaml.safe_load(Path(args.agentx).read_text()) if args.agentx else {}
         spec = AgentXSpec.model_validate(raw or {})
-        return generate_agentx(spec, args.seed, args.sessions), f"agentx seed={args.seed}"
+        return load_graphs("agentx", seed=args.seed, num_sessions=args.sessions,
+                           agentx=spec), f"agentx seed={args.seed}"
     if args.scenario:
         return _scenario(Path(args.scenario), args)
-    if args.jsonl:
-        return load_jsonl(args.jsonl), args.jsonl
-    if args.mooncake:
-        return load_mooncake(args.mooncake, args.seed, args.jitter_s), args.mooncake
-    return load_azure(args.azure), args.azure
+    for source in ("jsonl", "mooncake", "azure"):
+        path = getattr(args, source)
+        if path:
+            return load_graphs(source, seed=args.seed, path=path, jitter_s=args.jitter_s), path
+    raise AssertionError("argparse requires one source")
 
 
 def _scenario(path: Path, args: argparse.Namespace) -> tuple[list[SessionGraph], str]:
+    """A workload scenario YAML (the `WorkloadSpec` fields this command needs)."""
     w = yaml.safe_load(path.read_text())
     source = w.get("source", "synthetic")
-    n = args.sessions or w.get("num_sessions")
-    if source == "agentx":
-        spec = AgentXSpec.model_validate(w.get("agentx") or {})
-        return generate_agentx(spec, args.seed, n), f"{path} (agentx)"
+    synthetic = None
     if source == "synthetic":
         from rackSim.config.specs import SyntheticSessionsSpec
-        from rackSim.workload.synthetic import generate_sessions
-        spec = SyntheticSessionsSpec.model_validate(w["synthetic"])
-        return generate_sessions(spec, n or 393, args.seed), f"{path} (synthetic)"
-    loaders = {"jsonl": load_jsonl, "azure": load_azure,
-               "mooncake": lambda f: load_mooncake(f, args.seed, args.jitter_s)}
-    if source not in loaders:
-        raise SystemExit(f"{path}: unknown source '{source}'")
-    return loaders[source](w["path"]), f"{path} ({source})"
+        synthetic = SyntheticSessionsSpec.model_validate(w["synthetic"])
+    agentx = AgentXSpec.model_validate(w.get("agentx") or {}) if source == "agentx" else None
+    graphs = load_graphs(source, seed=args.seed, num_sessions=args.sessions or
+                         w.get("num_sessions"), path=w.get("path"), agentx=agentx,
+                         synthetic=synthetic, jitter_s=args.jitter_s)
+    return graphs, f"{path} ({source})"
 
 
 def print_table(stats: WorkloadStats) -> None:
@@ -122,3 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             from rackSim.workload.plot import plot_workload
             plot_workload(stats, args.out / "workload.png")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
