@@ -96,11 +96,19 @@ def _constants(p: Profile, previous: Profile | None) -> None:
     p.set_constant("eplb_epoch_steps", 100, "modelling choice: popularity advanced per 100 steps")
 
 
+#: parameters fitted to the kernel tables; without aiconfigurator-core they are kept from the
+#: previous profile
+KERNEL_PARAMS = ("moe_kernel_us", "moe_hbm_efficiency", "moe_flops_efficiency", "moe_token_bytes",
+                 "indexer_kernel_us", "indexer_hbm_efficiency")
+
+
 def start_profile(previous: Profile | None = None) -> Profile:
+    """Initial guesses for every parameter (so a fit is a function of its inputs only), except
+    the kernel-table parameters, which come from `previous` when given."""
     p = Profile(name="gb300__deepseek_v4_1_flash")
     _constants(p, previous)
     for k, (x0, _, _, unit) in START.items():
-        old = previous.params.get(k) if previous else None
+        old = previous.params.get(k) if previous and k in KERNEL_PARAMS else None
         if old is not None:
             p.params[k] = dict(old)
         else:

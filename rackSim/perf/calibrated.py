@@ -267,6 +267,7 @@ class CalibratedStepModel:
         if self.tp > 1:
             return self._decode_tp(batch, cpu)
         b_t, b_d = self.balancedness(batch.step_index)
+        self.last_balancedness = b_t
         key = (total, q, b_t, b_d, n)
         cached = self._cache.get(key)
         if cached is None:

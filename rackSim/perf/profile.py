@@ -93,6 +93,4 @@ def _plain(obj: Any) -> Any:
         return [_plain(v) for v in obj]
     if hasattr(obj, "item") and not isinstance(obj, str):
         return obj.item()
-    if isinstance(obj, float):
-        return float(f"{obj:.6g}")
-    return obj
+    return obj  # floats keep full precision so residuals are reproducible from the file

@@ -91,7 +91,9 @@ class DecodeBatch:
 
 class StepModel(Protocol):
     """Prices steps of one instance. One object per instance: it may carry that instance's
-    EPLB history and straggler state."""
+    EPLB history and straggler state. A model that tracks expert-load balance may expose
+    `last_balancedness` (mean / max rank load of its last priced step); the engine records it
+    in the step rows."""
 
     def prefill_step(self, batch: PrefillBatch) -> StepBreakdown: ...
 
