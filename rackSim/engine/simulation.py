@@ -148,7 +148,7 @@ class Simulation:
     def _on_step(self, name: str, step: int, start: float, cost: StepBreakdown,
                  p_req: int, p_tok: int, d_req: int, d_tok: float, ctx: float,
                  loads: int) -> None:
-        bal = getattr(self._models[name], "balancedness", math.nan)
+        bal = getattr(self._models[name], "last_balancedness", math.nan)
         self.steps.append((name, step, start, cost.total_ms, p_req, p_tok, d_req, d_tok, ctx,
                            loads, bal, cost.moe, cost.attention, cost.indexer, cost.dense,
                            cost.comm, cost.draft, cost.cpu, cost.sync, cost.straggler,
