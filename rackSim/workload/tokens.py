@@ -73,21 +73,16 @@ def block_hashes(inst: SessionInstance, rid: int) -> np.ndarray:
 
 
 def token_block_hashes(token_ids: np.ndarray) -> np.ndarray:
-    """Content hashes of the full 64-token blocks of a token-id array, chained like vLLM's.
+    """Content hashes of the full 64-token blocks of a token-id array, prefix-dependent.
 
-    Block i's hash depends on the tokens of blocks 0..i, so equal values mean equal prefixes.
-    Used to check that token ids and the prefix tree agree.
+    Block i's hash depends on the tokens of blocks 0..i (a wrapping prefix sum of per-block
+    mixes, then mixed with i), so equal values mean equal prefixes, like vLLM's chained block
+    hashes. Used to check that token ids and the prefix tree agree.
     """
     n = len(token_ids) // BLOCK_TOKENS
-    if n == 0:
-        return np.zeros(0, dtype=np.uint64)
     t = token_ids[: n * BLOCK_TOKENS].astype(np.uint64).reshape(n, BLOCK_TOKENS)
     cols = np.arange(BLOCK_TOKENS, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        per_block = np.bitwise_xor.reduce(_mix(t * _GOLDEN + cols), axis=1)
-    out = np.empty(n, dtype=np.uint64)
-    h = np.uint64(0)
-    for i in range(n):
-        h = _mix(np.array([h ^ per_block[i]], dtype=np.uint64))[0]
-        out[i] = h
-    return out
+        per_block = _mix(np.bitwise_xor.reduce(_mix(t * _GOLDEN + cols), axis=1))
+        prefix = np.cumsum(per_block, dtype=np.uint64)
+        return _mix(prefix ^ (np.arange(n, dtype=np.uint64) * _GOLDEN))

@@ -70,9 +70,13 @@ def test_mooncake_jitter_stays_inside_the_three_second_buckets(conversation) -> 
     offsets = np.array([g.start_s - bucket[g.session_id] for g in conversation])
     assert offsets.min() >= 0 and offsets.max() < 3.0
     assert abs(offsets.mean() - 1.5) < 0.05                  # uniform on [0, 3)
-    again = load_mooncake(TRACES / "mooncake_conversation_trace.jsonl", seed=0)
-    other = load_mooncake(TRACES / "mooncake_conversation_trace.jsonl", seed=1)
-    assert again == conversation and other != conversation
+
+
+def test_mooncake_jitter_is_seeded(tmp_path: Path) -> None:
+    f = _mc(tmp_path, [{**GOOD, "timestamp": t} for t in (0, 0, 2999, 3000, 6001)])
+    one, again, other = load_mooncake(f, 0), load_mooncake(f, 0), load_mooncake(f, 1)
+    assert one == again and one != other
+    assert [g.start_s for g in load_mooncake(f, jitter_s=0.0)] == [0, 0, 2.999, 3, 6.001]
 
 
 @needs_traces
