@@ -7,7 +7,9 @@ namespace at or above `TRACE_KEY_BASE` = 2**62, so they never collide with sessi
 
 Mooncake: every `hash_ids` entry names a 512-token block of the prompt; equal ids mean equal
 content *and* equal prefix. Each id becomes one prefix-tree node covering eight 64-token
-blocks (the last id: the full 64-token blocks of its remainder), key `TRACE_KEY_BASE + id`.
+blocks (the last id: the full 64-token blocks of its remainder), key `TRACE_KEY_BASE + id`;
+runs of ids that always occur together are merged into one node keyed by the run's first id
+(the same cache behaviour with far shorter paths).
 Timestamps (ms) of the conversation trace are quantised to 3-second buckets: arrivals are
 spread uniformly inside their bucket with a seeded jitter.
 
@@ -35,12 +37,14 @@ _QUANTISED_SHARE = 0.99  # share of timestamps within 5 ms of a bucket edge => q
 
 
 def load_mooncake(path: str | Path, seed: int = 0, jitter_s: float | None = None,
-                  ) -> list[SessionGraph]:
+                  compress: bool = True) -> list[SessionGraph]:
     """Requests of a Mooncake trace in arrival order (jittered `start_s`, seconds).
 
     jitter_s: width of the uniform jitter added to each timestamp; None = `MOONCAKE_BUCKET_S`
     if the timestamps are quantised to 3-second buckets (then snapped to the bucket start
     first), else 0.
+    compress: merge runs of hash ids that always occur together (radix-tree compression):
+    same reuse, ~8x shorter prompt paths (conversation trace: 24 -> 3.1 nodes per request).
     """
     rows = []
     with open(path, encoding="utf-8") as f:
@@ -61,15 +65,35 @@ def load_mooncake(path: str | Path, seed: int = 0, jitter_s: float | None = None
             t = snapped * MOONCAKE_BUCKET_S
         t = t + np.random.default_rng(seed).uniform(0.0, jitter_s, len(t))
     order = np.argsort(t, kind="stable")
+    joined = _always_joined([r[1][3] for r in rows]) if compress else set()
     graphs = []
     for i in order:
         line, (_, prompt, out, hashes) = rows[i]
-        blocks = [_SUB] * (len(hashes) - 1) + [(prompt - MOONCAKE_BLOCK_TOKENS
-                                                * (len(hashes) - 1)) // BLOCK_TOKENS]
-        path_ = tuple((TRACE_KEY_BASE + h, b) for h, b in zip(hashes, blocks, strict=True))
-        req = RequestSpec(0, None, 0, prompt, out, path=path_)
+        path_: list[tuple[int, int]] = []
+        for k, h in enumerate(hashes):
+            b = min(_SUB, (prompt - MOONCAKE_BLOCK_TOKENS * k) // BLOCK_TOKENS)
+            if k and hashes[k - 1] in joined:
+                path_[-1] = (path_[-1][0], path_[-1][1] + b)
+            else:
+                path_.append((TRACE_KEY_BASE + h, b))
+        req = RequestSpec(0, None, 0, prompt, out, path=tuple(path_))
         graphs.append(SessionGraph(f"mooncake-{line:06d}", (req,), float(t[i])))
     return graphs
+
+
+def _always_joined(paths: list[list[int]]) -> set[int]:
+    """Ids always followed by the same id, which occurs exactly as often: one node together."""
+    count: dict[int, int] = {}
+    nxt: dict[int, int | None] = {}
+    mixed = -1
+    for ids in paths:
+        for k, h in enumerate(ids):
+            count[h] = count.get(h, 0) + 1
+            n = ids[k + 1] if k + 1 < len(ids) else None
+            if nxt.setdefault(h, n) != n:
+                nxt[h] = mixed
+    return {h for h, n in nxt.items()
+            if n is not None and n != mixed and count[n] == count[h]}
 
 
 def _mooncake_row(path: str | Path, line: int, text: str) -> tuple[float, int, int, list[int]]:

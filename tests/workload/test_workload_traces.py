@@ -11,6 +11,7 @@ import pytest
 from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, path_blocks
 from rackSim.workload.jsonl import WorkloadFormatError, load_jsonl, save_jsonl
 from rackSim.workload.open_loop import OpenLoopSchedule, OpenLoopSpec
+from rackSim.workload.prefix_cache import BlockLruCache
 from rackSim.workload.traces import (
     AZURE_KEY_BASE,
     TRACE_KEY_BASE,
@@ -139,9 +140,31 @@ def test_mooncake_unreadable_line(tmp_path: Path) -> None:
     assert (e.value.line, e.value.field) == (2, "<json>")
 
 
-def test_mooncake_last_block_path(tmp_path: Path) -> None:
-    (g,) = load_mooncake(_mc(tmp_path, [{**GOOD, "input_length": 1000}]))
-    assert g.requests[0].path == ((TRACE_KEY_BASE + 1, 8), (TRACE_KEY_BASE + 2, 7))
+def test_mooncake_paths_and_radix_compression(tmp_path: Path) -> None:
+    rows = [{**GOOD, "input_length": 1000},                       # 1 2
+            {**GOOD, "input_length": 1600, "hash_ids": [1, 2, 3, 4]},
+            {**GOOD, "input_length": 1100, "hash_ids": [1, 2, 5]}]
+    f = _mc(tmp_path, rows)
+    raw = [g.requests[0].path for g in load_mooncake(f, jitter_s=0.0, compress=False)]
+    assert raw[0] == ((TRACE_KEY_BASE + 1, 8), (TRACE_KEY_BASE + 2, 7))
+    assert raw[1][2:] == ((TRACE_KEY_BASE + 3, 8), (TRACE_KEY_BASE + 4, 1))
+    # 1 is always followed by 2 (merged); 2 is followed by nothing, 3 or 5; 3 always by 4
+    merged = [g.requests[0].path for g in load_mooncake(f, jitter_s=0.0)]
+    assert merged == [((TRACE_KEY_BASE + 1, 15),),
+                      ((TRACE_KEY_BASE + 1, 16), (TRACE_KEY_BASE + 3, 9)),
+                      ((TRACE_KEY_BASE + 1, 16), (TRACE_KEY_BASE + 5, 1))]
+
+
+@needs_traces
+@pytest.mark.parametrize("capacity", [None, 30_000])
+def test_radix_compression_keeps_cache_behaviour(conversation, capacity) -> None:
+    raw = load_mooncake(TRACES / "mooncake_conversation_trace.jsonl", compress=False)[:3000]
+    fast, slow = BlockLruCache(capacity), BlockLruCache(capacity)
+    hits = [(fast.access(a.requests[0].path), slow.access(b.requests[0].path))
+            for a, b in zip(conversation[:3000], raw, strict=True)]
+    assert [a for a, _ in hits] == [b for _, b in hits]
+    depth = np.mean([len(g.requests[0].path) for g in conversation])
+    assert depth < 4 < np.mean([len(g.requests[0].path) for g in raw])
 
 
 @pytest.mark.parametrize(("text", "line", "field"), [
