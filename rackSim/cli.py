@@ -24,17 +24,25 @@ EXIT_INTERRUPTED = 130
 @hydra.main(config_path=str(SCENARIOS_DIR), config_name="config", version_base=None)
 def _run(tree: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from rackSim.config import ConfigError, load_run_config
     from rackSim.report.table import format_summary
-    from rackSim.run import simulate_to
+    from rackSim.run import run_sweep_job, simulate_to
 
+    hc = HydraConfig.get()
+    out = Path(hc.runtime.output_dir)
+    if hc.mode == RunMode.MULTIRUN:
+        rec = run_sweep_job(tree, out, Path(hc.sweep.dir), list(hc.overrides.task))
+        state = "skipped (already done)" if rec.get("skipped") else rec["status"]
+        print(f"racksim: job {hc.job.num} {' '.join(hc.overrides.task)}: {state}"
+              + (f": {rec['error']}" if rec.get("error") else ""), file=sys.stderr)
+        return None
     try:
         cfg = load_run_config(tree)
     except ConfigError as err:
         print(f"racksim: {err}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-    out = Path(HydraConfig.get().runtime.output_dir)
     result = simulate_to(cfg, out)
     print(format_summary(result.summary, title=f"{result.summary['scenario']}  ->  {out}"))
     if result.summary.get("partial"):

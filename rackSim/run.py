@@ -1,16 +1,47 @@
-"""One call from a validated scenario to a Result: build, simulate, summarise, write."""
+"""One call from a validated scenario to a Result: build, simulate, summarise, write.
+
+`run_sweep_job` is the body of one Hydra multirun job: it skips a scenario the sweep already
+finished (resume), records a failed one (`error.json`) instead of stopping the sweep, and
+leaves a `job.json` record that `rackSim.report.sweep_table` turns into the sweep's table.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+import time
+import traceback
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from rackSim.config.specs import RunConfig
+import pandas as pd
+
+from rackSim.config.specs import DeploymentSpec, RunConfig
 from rackSim.engine.simulation import Simulation
 from rackSim.metrics.summary import Result, summarize
+from rackSim.perf.step import COMPONENTS
 from rackSim.report.files import write_result
 from rackSim.report.plots import plot_run
 from rackSim.workload.graph import SessionGraph
 from rackSim.workload.sources import load_sessions
+
+JOB_RECORD = "job.json"
+ERROR_RECORD = "error.json"
+
+
+def layout_name(dep: DeploymentSpec) -> str:
+    """Short layout label, e.g. `P8xDEP2+DEP32`: prefill instances x their width + decode width."""
+    p, d = dep.prefill, dep.decode
+    return f"P{p.instances}x{p.parallelism}{p.gpus_per_instance}+{d.parallelism}{d.gpus}"
+
+
+def decode_breakdown_ms(steps: pd.DataFrame, t0: float) -> dict[str, float]:
+    """Mean decode step time and its components over the window, as `decode_<part>_ms`."""
+    dec = steps[(steps["instance"] == "decode") & (steps["start_s"] >= t0)]
+    cols = {"decode_step_ms": "duration_ms", **{f"decode_{c}_ms": f"{c}_ms" for c in COMPONENTS}}
+    return {k: float(dec[c].mean()) if len(dec) else math.nan for k, c in cols.items()}
 
 
 def simulate(cfg: RunConfig, sessions: list[SessionGraph] | None = None,
@@ -23,20 +54,97 @@ def simulate(cfg: RunConfig, sessions: list[SessionGraph] | None = None,
     extra = {
         "scenario": f"{cfg.deployment.name} | {cfg.model.name} | {cfg.hardware.name}",
         "deployment": cfg.deployment.name, "concurrency": cfg.workload.replay.concurrency,
+        "layout": layout_name(cfg.deployment), "decode_gpus": cfg.deployment.decode.gpus,
+        "prefill_instances": cfg.deployment.prefill.instances,
         "partial": out.partial, "sim_s": out.sim_s, "wall_s": out.wall_s, "events": out.events,
         "kv_bytes_moved": out.kv_bytes_moved, "window_start_s": out.window_start_s,
         "seed": cfg.seed,
     }
-    return summarize(out.requests, out.steps, out.itl, out.window_start_s, out.window_end_s,
-                     out.num_gpus, cfg.pricing, extra)
+    result = summarize(out.requests, out.steps, out.itl, out.window_start_s, out.window_end_s,
+                       out.num_gpus, cfg.pricing, extra)
+    result.summary.update(decode_breakdown_ms(result.steps, out.window_start_s))
+    return result
 
 
-def simulate_to(cfg: RunConfig, out_dir: Path, plots: bool = True) -> Result:
+def simulate_to(cfg: RunConfig, out_dir: Path, plots: bool = True,
+                progress: bool | None = None) -> Result:
     """Simulate and write every artefact (tables, summary, plots) into `out_dir`."""
-    result = simulate(cfg)
+    result = simulate(cfg, progress=progress)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "scenario.json").write_text(cfg.model_dump_json(indent=2))
     write_result(result, out_dir)
     if plots:
         plot_run(result, out_dir)
     return result
+
+
+def read_job(job_dir: Path) -> dict[str, Any] | None:
+    """The `job.json` record of a sweep job directory, or None if it has none (or a bad one)."""
+    try:
+        return json.loads((job_dir / JOB_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _done(job_dir: Path, overrides: list[str]) -> bool:
+    rec = read_job(job_dir)
+    return (rec is not None and rec.get("status") == "ok"
+            and sorted(rec.get("overrides", [])) == overrides
+            and (job_dir / "summary.json").is_file())
+
+
+def find_done(sweep_dir: Path, overrides: Sequence[str]) -> Path | None:
+    """The job directory under `sweep_dir` that already finished these overrides, if any."""
+    want = sorted(overrides)
+    for rec in sorted(sweep_dir.glob(f"**/{JOB_RECORD}")):
+        if _done(rec.parent, want):
+            return rec.parent
+    return None
+
+
+def _free_dir(job_dir: Path, sweep_dir: Path, overrides: Sequence[str]) -> Path:
+    """`job_dir`, unless it holds another scenario's results (the sweep was changed and re-run
+    into the same directory): then a sibling named after the overrides, so nothing is lost."""
+    rec = read_job(job_dir)
+    if rec is None or sorted(rec.get("overrides", [])) == sorted(overrides):
+        return job_dir
+    digest = hashlib.sha1("\n".join(sorted(overrides)).encode()).hexdigest()[:8]
+    return sweep_dir / f"{job_dir.name}-{digest}"
+
+
+def run_sweep_job(tree: Mapping[str, Any], job_dir: Path, sweep_dir: Path,
+                  overrides: Sequence[str]) -> dict[str, Any]:
+    """Run one scenario of a sweep and return its `job.json` record.
+
+    Skips it when `sweep_dir` already holds a finished job with the same overrides; otherwise
+    validates and simulates it into `job_dir`. Any error (invalid scenario, exception while
+    simulating) is written to `error.json` and recorded as `status: failed`; it never raises,
+    so one bad scenario does not stop the others.
+    """
+    from rackSim.config import load_run_config
+
+    overrides = list(overrides)
+    done = find_done(sweep_dir, overrides)
+    if done is not None:
+        return {**(read_job(done) or {}), "skipped": True}
+    job_dir = _free_dir(job_dir, sweep_dir, overrides)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / ERROR_RECORD).unlink(missing_ok=True)
+    record: dict[str, Any] = {"overrides": overrides, "status": "running",
+                              "started_at": time.time()}
+    (job_dir / JOB_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    try:
+        cfg = load_run_config(tree)
+        record["layout"] = layout_name(cfg.deployment)
+        result = simulate_to(cfg, job_dir, plots=False, progress=False)
+        record["status"] = "failed" if result.summary.get("partial") else "ok"
+        if record["status"] == "failed":
+            record["error"] = "interrupted: partial results"
+    except Exception as err:  # noqa: BLE001 - a sweep records every failure and goes on
+        record.update(status="failed", error=f"{type(err).__name__}: {err}")
+        (job_dir / ERROR_RECORD).write_text(json.dumps(
+            {"overrides": overrides, "error_type": type(err).__name__, "error": str(err),
+             "traceback": traceback.format_exc()}, indent=2) + "\n")
+    record["finished_at"] = time.time()
+    (job_dir / JOB_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    return record

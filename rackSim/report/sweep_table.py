@@ -1,0 +1,154 @@
+"""The table of a sweep: one row per scenario, its overridden keys, its status, its metrics.
+
+Built from the `job.json` record (and `summary.json`) each multirun job leaves in its
+directory, automatically at the end of a multirun (`SweepTableCallback`, wired in
+`scenarios/config.yaml`) and on demand (`racksim-plot table SWEEP_DIR`). Written beside the
+jobs as `sweep.parquet` and `sweep.csv`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from rackSim.metrics.summary import SUMMARY_KEYS
+from rackSim.run import JOB_RECORD, read_job
+
+TABLE_PARQUET = "sweep.parquet"
+TABLE_CSV = "sweep.csv"
+STATUS_COLUMNS = ("status", "error", "layout", "job_dir")
+
+
+def override_key(override: str) -> str:
+    """`+deployment.decode.gpus=8` -> `deployment.decode.gpus`."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _value(text: str) -> Any:
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "none"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """Hydra override strings as {key: value}, values parsed as bool / int / float / str."""
+    return {override_key(o): _value(o.split("=", 1)[1]) if "=" in o else None for o in overrides}
+
+
+def _rows(sweep_dir: Path) -> list[tuple[dict, dict, float]]:
+    found: dict[tuple[str, ...], tuple[dict, dict, float]] = {}
+    for path in sorted(sweep_dir.glob(f"**/{JOB_RECORD}")):
+        rec = read_job(path.parent)
+        if rec is None or "overrides" not in rec:
+            continue
+        summary: dict = {}
+        if rec.get("status") == "ok":
+            try:
+                summary = json.loads((path.parent / "summary.json").read_text())
+            except (OSError, ValueError) as err:
+                rec = {**rec, "status": "failed", "error": f"unreadable summary.json: {err}"}
+        rank = (rec.get("status") == "ok", rec.get("finished_at") or 0.0)
+        key = tuple(sorted(rec["overrides"]))
+        rec = {**rec, "job_dir": str(path.parent.relative_to(sweep_dir))}
+        if key not in found or rank > found[key][2]:
+            found[key] = (rec, summary, rank)
+    return list(found.values())
+
+
+def _uniform(col: pd.Series) -> pd.Series:
+    """Mixed Python types in one column do not fit Parquet; fall back to strings."""
+    kinds = {type(v) for v in col if v is not None and not (isinstance(v, float) and math.isnan(v))}
+    if len(kinds) > 1 and not kinds <= {int, float}:
+        return col.map(lambda v: None if v is None else str(v))
+    return col
+
+
+def build_table(sweep_dir: Path | str) -> pd.DataFrame:
+    """One row per scenario of the sweep in `sweep_dir` (a scenario re-run keeps its latest
+    finished record): overridden keys, then status / error / layout / job_dir, then every
+    summary metric (headline keys first). Failed scenarios carry their error, metrics empty."""
+    sweep_dir = Path(sweep_dir)
+    rows = _rows(sweep_dir)
+    if not rows:
+        raise FileNotFoundError(f"no sweep jobs ({JOB_RECORD}) under {sweep_dir}")
+    keys: list[str] = []
+    for rec, _, _ in rows:
+        keys += [k for k in parse_overrides(rec["overrides"]) if k not in keys]
+    metrics: list[str] = []
+    for _, summary, _ in rows:
+        metrics += [k for k in summary if k not in metrics]
+    head = [k for k in SUMMARY_KEYS if k in metrics]
+    metrics = head + sorted(set(metrics) - set(head))
+    clash = set(keys) | set(STATUS_COLUMNS)
+    records = []
+    for rec, summary, _ in rows:
+        row: dict[str, Any] = dict.fromkeys(keys)
+        row.update(parse_overrides(rec["overrides"]))
+        row.update({c: rec.get(c) for c in STATUS_COLUMNS})
+        row.update({(f"result.{k}" if k in clash else k): summary.get(k) for k in metrics})
+        records.append(row)
+    df = pd.DataFrame(records)
+    for c in df.columns:
+        df[c] = _uniform(df[c])
+    return df.sort_values("job_dir", key=_job_order).reset_index(drop=True)
+
+
+def _job_order(col: pd.Series) -> pd.Series:
+    return col.map(lambda d: (int(d) if d.isdigit() else math.inf, d))
+
+
+def write_table(sweep_dir: Path | str) -> tuple[Path, Path]:
+    """Build the sweep table and write it as `sweep.parquet` and `sweep.csv` in `sweep_dir`."""
+    sweep_dir = Path(sweep_dir)
+    df = build_table(sweep_dir)
+    pq, csv = sweep_dir / TABLE_PARQUET, sweep_dir / TABLE_CSV
+    df.to_parquet(pq, index=False)
+    df.to_csv(csv, index=False)
+    return pq, csv
+
+
+def read_table(path: Path | str) -> tuple[pd.DataFrame, Path]:
+    """A sweep table from its file or its sweep directory; returns (table, sweep_dir)."""
+    path = Path(path)
+    if path.is_dir():
+        for name in (TABLE_PARQUET, TABLE_CSV):
+            if (path / name).is_file():
+                return read_table(path / name)
+        raise FileNotFoundError(
+            f"no sweep table ({TABLE_PARQUET} or {TABLE_CSV}) in {path}; "
+            f"build it with `racksim-plot table {path}`")
+    if not path.is_file():
+        raise FileNotFoundError(f"no such sweep table or directory: {path}")
+    df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    if "job_dir" not in df.columns:
+        raise ValueError(f"{path} is not a sweep table (no job_dir column)")
+    return df, path.parent
+
+
+class SweepTableCallback(Callback):
+    """Hydra callback: write the sweep table when a multirun ends."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        try:
+            pq, csv = write_table(sweep_dir)
+        except FileNotFoundError as err:
+            print(f"racksim: no sweep table: {err}")
+            return
+        df = pd.read_parquet(pq)
+        failed = int((df["status"] != "ok").sum())
+        print(f"racksim: sweep table {pq} and {csv.name}: {len(df)} scenarios, {failed} failed")
