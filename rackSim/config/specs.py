@@ -12,7 +12,19 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
+from rackSim.workload.agentx import AgentXSpec
+from rackSim.workload.open_loop import OpenLoopSpec
+
 GB = 1e9
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def resolve_path(path: Path) -> Path | None:
+    """An existing file: `path` as given, else relative to the project root; None if neither."""
+    for p in (Path(path), PROJECT_ROOT / path):
+        if p.is_file():
+            return p.resolve()
+    return None
 
 
 class StrictModel(BaseModel):
@@ -179,32 +191,55 @@ class SyntheticSessionsSpec(StrictModel):
 
 
 class ReplaySpec(StrictModel):
+    """Closed loop (session pools): lanes, primer, warm-up requests, then the window.
+    Open loop (timestamped traces): the first `warmup_s` simulated seconds warm up, then the
+    window; `concurrency`, `primer` and `warmup_requests_per_lane` do not apply."""
+
     concurrency: PositiveInt = Field(description="live agent clients (closed loop)")
     primer: bool = True
-    warmup_requests_per_lane: int = Field(ge=0)
+    warmup_requests_per_lane: int = Field(default=10, ge=0)
     window_s: PositiveFloat = Field(description="measurement window (simulated seconds)")
+    warmup_s: float = Field(default=0.0, ge=0, description="open loop: warm-up before the window")
     drain_s: float = Field(
         default=0.0, ge=0,
         description="after the window nothing new is sent; in-flight requests may finish (s)")
 
 
 class WorkloadSpec(StrictModel):
+    """Where the session graphs come from and how they are replayed.
+
+    agentx: the AgentX-style generator (`agentx` section; defaults documented in
+    rackSim.workload.agentx). synthetic: the minimal built-in generator. jsonl: recorded session
+    graphs (docs/workload_format.md). mooncake / azure: public timestamped traces, replayed
+    open loop (`open_loop`: speed-up, offset, jitter).
+    """
+
     name: str
-    source: Literal["synthetic", "jsonl"] = "synthetic"
+    source: Literal["agentx", "synthetic", "jsonl", "mooncake", "azure"] = "agentx"
     path: Path | None = None
-    num_sessions: PositiveInt = 393
+    num_sessions: PositiveInt | None = Field(
+        default=None, description="sessions in the pool (None: the generator's default)")
+    agentx: AgentXSpec | None = None
     synthetic: SyntheticSessionsSpec | None = None
+    open_loop: OpenLoopSpec = OpenLoopSpec()
     replay: ReplaySpec
+
+    @property
+    def timestamped(self) -> bool:
+        return self.source in ("mooncake", "azure")
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:
         if self.source == "synthetic" and self.synthetic is None:
             raise ValueError("source 'synthetic' needs a 'synthetic' section")
-        if self.source != "synthetic":
+        if self.source not in ("synthetic", "agentx"):
             if self.path is None:
                 raise ValueError(f"source '{self.source}' needs 'path'")
-            if not Path(self.path).is_file():
-                raise ValueError(f"path: no such file '{self.path}'")
+            found = resolve_path(self.path)
+            if found is None:
+                raise ValueError(f"path: no such file '{self.path}' (relative paths are read "
+                                 f"from the working directory, then from {PROJECT_ROOT})")
+            object.__setattr__(self, "path", found)
         return self
 
 
@@ -230,8 +265,10 @@ class PerfSpec(StrictModel):
         if self.model == "calibrated":
             if self.profile is None:
                 raise ValueError("model 'calibrated' needs 'profile'")
-            if not Path(self.profile).is_file():
+            found = resolve_path(self.profile)
+            if found is None:
                 raise ValueError(f"profile: no such file '{self.profile}'")
+            object.__setattr__(self, "profile", found)
         return self
 
 
@@ -261,6 +298,11 @@ class RunConfig(StrictModel):
             raise ValueError(
                 f"perf.weight_dtype '{self.perf.weight_dtype}' not in hardware.flops "
                 f"{sorted(hw.flops)}")
+        ax = self.workload.agentx
+        if ax is not None and ax.context_window > m.context_window:
+            raise ValueError(
+                f"workload.agentx.context_window={ax.context_window} exceeds the model's "
+                f"context_window={m.context_window}; lower it")
         experts = m.num_routed_experts + d.eplb.redundant_experts
         for where, ep in (("decode.gpus", d.decode.gpus),
                           ("prefill.gpus_per_instance", d.prefill.gpus_per_instance)):

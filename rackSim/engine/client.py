@@ -1,8 +1,13 @@
-"""Closed-loop agent clients: each lane replays session graphs one after another.
+"""Clients: they send each session's requests as their dependencies finish.
 
-Driven by callbacks rather than a process per request: a request is sent when its
-dependencies have finished and its delay has passed, and its completion (from the decode
+Driven by callbacks rather than a process per request: a request is sent when everything it
+waits on has finished and its delay has passed, and its completion (reported by the decode
 instance) releases the requests waiting on it. One timer event per delayed request.
+
+- `AgentClients`: closed loop. Each lane is a live agent client replaying sessions one after
+  another (the replay policy in rackSim.workload.replay).
+- `TraceClients`: open loop. Sessions of a timestamped trace start at their arrival times
+  (rackSim.workload.open_loop), whatever the deployment's state.
 """
 
 from __future__ import annotations
@@ -14,30 +19,28 @@ import simpy
 from rackSim.engine.request import Job
 from rackSim.metrics.records import RequestRecord
 from rackSim.workload.graph import RequestSpec, SessionInstance
-from rackSim.workload.replay import ClosedLoopReplay, SessionCursor
+from rackSim.workload.open_loop import OpenLoopSchedule
+from rackSim.workload.replay import ClosedLoopReplay, OpenLoopPhases, SessionCursor
 
 
-class AgentClients:
-    def __init__(self, env: simpy.Environment, replay: ClosedLoopReplay,
-                 submit: Callable[[Job], None], warm: Callable[[SessionInstance, RequestSpec],
-                                                                None],
-                 records: list[RequestRecord], on_window_open: Callable[[], None]):
-        self.env, self.replay, self.submit, self.warm = env, replay, submit, warm
-        self.records, self.on_window_open = records, on_window_open
-        self.cursors: list[SessionCursor | None] = [None] * replay.lanes
+class _SessionClients:
+    """Sends a session's requests in dependency order; subclasses start the sessions."""
+
+    def __init__(self, env: simpy.Environment, phases: ClosedLoopReplay | OpenLoopPhases,
+                 submit: Callable[[Job], None], records: list[RequestRecord]):
+        self.env, self.phases, self.submit, self.records = env, phases, submit, records
         self.stopped = False
         self.in_flight = 0
+        self._cursor: dict[int, SessionCursor] = {}  # session key base -> its cursor
 
-    def start(self) -> None:
-        for lane in range(self.replay.lanes):
-            first = self.replay.first(lane)
-            if first.primer is not None:
-                self.warm(first.inst, first.primer)
-            cursor = self.cursors[lane] = SessionCursor(first.inst, first.start_rid)
-            for spec in cursor.start():
+    def _begin(self, inst: SessionInstance, start_rid: int = 0, at_once: bool = False) -> None:
+        """Start a session replay; `at_once` sends its first requests without their delay."""
+        cursor = self._cursor[inst.key_base] = SessionCursor(inst, start_rid)
+        for spec in cursor.start():
+            if at_once:
+                self._send(cursor, spec)
+            else:
                 self._later(cursor, spec)
-        if self.replay.window_start_s is not None:
-            self.on_window_open()
 
     def _later(self, cursor: SessionCursor, spec: RequestSpec) -> None:
         if spec.delay_s > 0:
@@ -47,7 +50,7 @@ class AgentClients:
             self._send(cursor, spec)
 
     def _send(self, cursor: SessionCursor, spec: RequestSpec) -> None:
-        end = self.replay.window_end_s
+        end = self.phases.window_end_s
         if self.stopped or (end is not None and self.env.now >= end):
             return  # after the window: in-flight requests drain, nothing new is sent
         inst = cursor.inst
@@ -55,7 +58,7 @@ class AgentClients:
         rec = RequestRecord(session_id=inst.graph.session_id, rid=spec.rid, lane=inst.lane,
                             session_key=inst.key_base, agent=spec.agent, send_s=now,
                             prompt_tokens=spec.prompt_tokens,
-                            phase=self.replay.phase_of_send(inst.lane, now))
+                            phase=self.phases.phase_of_send(inst.lane, now))
         self.records.append(rec)
         self.in_flight += 1
         self.submit(Job(spec=spec, inst=inst, path=inst.prompt_path(spec.rid), rec=rec,
@@ -64,13 +67,61 @@ class AgentClients:
 
     def _done(self, job: Job) -> None:
         self.in_flight -= 1
-        lane = job.inst.lane
-        if self.replay.note_done(lane, self.env.now):
-            self.on_window_open()
-        cursor = self.cursors[lane]
+        inst = job.inst
+        self.phases.note_done(inst.lane, self.env.now)
+        cursor = self._cursor[inst.key_base]
         for spec in cursor.complete(job.spec.rid):
             self._later(cursor, spec)
         if cursor.done:
-            cursor = self.cursors[lane] = SessionCursor(self.replay.next(lane))
-            for spec in cursor.start():
-                self._later(cursor, spec)
+            del self._cursor[inst.key_base]
+            self._session_finished(inst)
+
+    def _session_finished(self, inst: SessionInstance) -> None:
+        pass
+
+
+class AgentClients(_SessionClients):
+    """Closed loop: `replay.lanes` agent clients, each replaying one session at a time."""
+
+    def __init__(self, env: simpy.Environment, replay: ClosedLoopReplay,
+                 submit: Callable[[Job], None],
+                 warm: Callable[[SessionInstance, RequestSpec], None],
+                 records: list[RequestRecord]):
+        super().__init__(env, replay, submit, records)
+        self.replay, self.warm = replay, warm
+
+    def start(self) -> None:
+        for lane in range(self.replay.lanes):
+            first = self.replay.first(lane)
+            if first.primer is not None:
+                self.warm(first.inst, first.primer)
+            self._begin(first.inst, first.start_rid, at_once=True)  # the lane arrives now
+
+    def _session_finished(self, inst: SessionInstance) -> None:
+        self._begin(self.replay.next(inst.lane))
+
+
+class TraceClients(_SessionClients):
+    """Open loop: each session of a timestamped trace starts at its arrival time."""
+
+    def __init__(self, env: simpy.Environment, schedule: OpenLoopSchedule,
+                 phases: OpenLoopPhases, submit: Callable[[Job], None],
+                 records: list[RequestRecord]):
+        super().__init__(env, phases, submit, records)
+        self._arrivals = iter(schedule)
+
+    def start(self) -> None:
+        self._next_arrival()
+
+    def _next_arrival(self) -> None:
+        """Arm one timer for the next arrival only: pending events stay O(1)."""
+        nxt = next(self._arrivals, None)
+        if nxt is None:
+            return
+        t, inst = nxt
+
+        def arrive(_e: simpy.Event) -> None:
+            self._begin(inst)
+            self._next_arrival()
+
+        self.env.timeout(max(0.0, t - self.env.now)).callbacks.append(arrive)

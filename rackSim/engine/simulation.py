@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from rackSim.config.specs import RunConfig, kv_bytes_per_gpu
-from rackSim.engine.client import AgentClients
+from rackSim.engine.client import AgentClients, TraceClients
 from rackSim.engine.decode import DecodeInstance
 from rackSim.engine.kv_transfer import KvTransferChannel
 from rackSim.engine.prefill import PrefillInstance
@@ -26,7 +26,8 @@ from rackSim.metrics.records import RequestRecord
 from rackSim.perf import build_step_model
 from rackSim.perf.step import StepBreakdown
 from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, SessionInstance
-from rackSim.workload.replay import ClosedLoopReplay
+from rackSim.workload.open_loop import OpenLoopSchedule
+from rackSim.workload.replay import ClosedLoopReplay, OpenLoopPhases
 
 CHUNK_S = 5.0  # simulated seconds between progress updates / interrupt checks
 
@@ -75,7 +76,6 @@ class Simulation:
         self.records: list[RequestRecord] = []
         self.steps: list[tuple] = []
         self.itl = LatencyHistogram()
-        self.replay = ClosedLoopReplay(sessions, cfg.workload.replay, cfg.seed)
         self._models: dict[str, object] = {}
         block_bytes = BLOCK_TOKENS * m.kv_bytes_per_token
 
@@ -109,9 +109,17 @@ class Simulation:
             [BlockCache(d_blocks) for _ in range(ranks)], model,
             self.transfer.read_ms if d.kv_transfer.mode == "pull" else None,
             self.itl, self._in_window, cfg.trace_tokens, self._on_step)
-        self.clients = AgentClients(env, self.replay, self._submit, self._warm, self.records,
-                                    self._window_opened)
-        self._window_open = False
+        replay = cfg.workload.replay
+        if cfg.workload.timestamped:
+            ol = cfg.workload.open_loop
+            schedule = OpenLoopSchedule(sessions, ol.speedup, ol.offset_s,
+                                        replay.warmup_s + replay.window_s)
+            self.phases = OpenLoopPhases(replay)
+            self.clients = TraceClients(env, schedule, self.phases, self._submit, self.records)
+        else:
+            self.phases = ClosedLoopReplay(sessions, replay, cfg.seed)
+            self.clients = AgentClients(env, self.phases, self._submit, self._warm,
+                                        self.records)
 
     # -- wiring ----------------------------------------------------------------------------
     def _submit(self, job: Job) -> None:
@@ -138,11 +146,8 @@ class Simulation:
         self.decode.caches[rank].insert(job.path)
         self.decode._affinity[inst.key_base] = rank
 
-    def _window_opened(self) -> None:
-        self._window_open = True
-
     def _in_window(self, t: float) -> bool:
-        start = self.replay.window_start_s
+        start = self.phases.window_start_s
         return start is not None and start <= t < start + self.cfg.workload.replay.window_s
 
     def _on_step(self, name: str, step: int, start: float, cost: StepBreakdown,
@@ -168,7 +173,7 @@ class Simulation:
         partial = False
         try:
             while True:
-                ws = self.replay.window_start_s
+                ws = self.phases.window_start_s
                 if ws is None:
                     if env.now > max_warmup_s:
                         raise WarmupTooLong(
@@ -190,7 +195,7 @@ class Simulation:
             if bar is not None:
                 bar.close()
         self.clients.stopped = True
-        ws = self.replay.window_start_s
+        ws = self.phases.window_start_s
         ws = env.now if ws is None else ws
         we = min(ws + replay.window_s, env.now)
         return SimOutput(requests=self.records, steps=self.steps, itl=self.itl,

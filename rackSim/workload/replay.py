@@ -65,7 +65,41 @@ class LaneStart:
     primer: RequestSpec | None
 
 
-class ClosedLoopReplay:
+class _Phases:
+    """The measurement window and the phase of a request sent at a given time."""
+
+    window_start_s: float | None
+    spec: ReplaySpec
+
+    def phase_at(self, now_s: float) -> str:
+        if self.window_start_s is None or now_s < self.window_start_s:
+            return WARMUP
+        if now_s < self.window_start_s + self.spec.window_s:
+            return WINDOW
+        return DRAIN
+
+    @property
+    def window_end_s(self) -> float | None:
+        if self.window_start_s is None:
+            return None
+        return self.window_start_s + self.spec.window_s
+
+
+class OpenLoopPhases(_Phases):
+    """Open loop (timestamped traces): the first `warmup_s` warm up, then the window."""
+
+    def __init__(self, spec: ReplaySpec):
+        self.spec = spec
+        self.window_start_s = spec.warmup_s
+
+    def phase_of_send(self, lane: int, now_s: float) -> str:
+        return self.phase_at(now_s)
+
+    def note_done(self, lane: int, now_s: float) -> bool:
+        return False
+
+
+class ClosedLoopReplay(_Phases):
     """Assigns sessions to lanes and tracks warm-up and the measurement window."""
 
     def __init__(self, sessions: list[SessionGraph], spec: ReplaySpec, seed: int):
@@ -117,13 +151,6 @@ class ClosedLoopReplay:
             return WARMUP
         return self.phase_at(now_s)
 
-    def phase_at(self, now_s: float) -> str:
-        if self.window_start_s is None or now_s < self.window_start_s:
-            return WARMUP
-        if now_s < self.window_start_s + self.spec.window_s:
-            return WINDOW
-        return DRAIN
-
     def note_done(self, lane: int, now_s: float) -> bool:
         """A lane's request finished. Returns True when this opens the measurement window."""
         if self._warm[lane] or self._sent[lane] < self.spec.warmup_requests_per_lane:
@@ -134,9 +161,3 @@ class ClosedLoopReplay:
             self.window_start_s = now_s
             return True
         return False
-
-    @property
-    def window_end_s(self) -> float | None:
-        if self.window_start_s is None:
-            return None
-        return self.window_start_s + self.spec.window_s

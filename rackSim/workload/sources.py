@@ -47,4 +47,5 @@ def load_graphs(source: Source, *, seed: int = 0, num_sessions: int | None = Non
 def load_sessions(spec: WorkloadSpec, seed: int) -> list[SessionGraph]:
     """The session graphs a run's validated `WorkloadSpec` asks for."""
     return load_graphs(spec.source, seed=seed, num_sessions=spec.num_sessions, path=spec.path,
-                       synthetic=spec.synthetic)
+                       agentx=spec.agentx, synthetic=spec.synthetic,
+                       jitter_s=spec.open_loop.jitter_s)

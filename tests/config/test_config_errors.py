@@ -35,6 +35,10 @@ from rackSim.config import ConfigError, compose_scenario
     (["workload.source=jsonl", "+workload.path=/nonexistent/sessions.jsonl"],
      ["workload", "no such file", "/nonexistent/sessions.jsonl"]),
     (["perf.model=calibrated", "perf.profile=/nope.yaml"], ["perf", "no such file"]),
+    (["workload=mooncake_conversation", "workload.path=traces/missing.jsonl"],
+     ["workload", "no such file", "traces/missing.jsonl"]),
+    (["++workload.agentx.context_window=200000"], ["workload.agentx.context_window", "lower it"]),
+    (["+workload.agentx.turns.kind=normal"], ["workload.agentx.turns"]),
     # wrong type / enum
     (["deployment.router=random"], ["deployment.router"]),
     (["perf.weight_dtype=fp2"], ["perf.weight_dtype", "fp2"]),

@@ -27,7 +27,13 @@ scenarios = st.fixed_dictionaries({
     "warmup": st.integers(0, 2),
     "primer": st.booleans(),
     "seed": st.integers(0, 2**16),
+    "source": st.sampled_from(["synthetic", "agentx"]),
 })
+
+SMALL_SYNTHETIC = {"turns_mean": 4, "first_prompt_tokens_mean": 3000,
+                   "new_tokens_per_turn_mean": 500, "output_tokens_mean": 40,
+                   "tool_delay_s_mean": 0.5, "subagent_prob": 0.5, "subagent_fanout_max": 3,
+                   "subagent_turns_mean": 2, "max_context_tokens": 131072}
 
 
 def _cfg(base, p):
@@ -36,11 +42,8 @@ def _cfg(base, p):
         deployment={"router": p["router"], "kv_transfer": {"mode": p["mode"]},
                     "decode": {"kv_load_cap_per_step": p["cap"], "speculative": {
                         "accepted_tokens_per_step": p["accepted"]}}},
-        workload={"num_sessions": p["sessions"],
-                  "synthetic": {"turns_mean": 4, "first_prompt_tokens_mean": 3000,
-                                "new_tokens_per_turn_mean": 500, "output_tokens_mean": 40,
-                                "tool_delay_s_mean": 0.5, "subagent_prob": 0.5,
-                                "subagent_fanout_max": 3, "subagent_turns_mean": 2},
+        workload={"num_sessions": p["sessions"], "source": p["source"],
+                  "synthetic": SMALL_SYNTHETIC,
                   "replay": {"concurrency": p["concurrency"], "warmup_requests_per_lane":
                              p["warmup"], "primer": p["primer"], "window_s": 5.0,
                              "drain_s": 600.0}})
@@ -103,7 +106,7 @@ def test_same_seed_same_result(smoke_cfg, p):
 def test_different_seed_differs(smoke_cfg):
     base = _cfg(smoke_cfg, {"concurrency": 4, "sessions": 3, "router": "prefix_affinity",
                             "mode": "push", "cap": 4, "accepted": 3.25, "warmup": 1,
-                            "primer": True, "seed": 1})
+                            "primer": True, "seed": 1, "source": "synthetic"})
     a = _run(base)[1]
     b = _run(with_changes(base, seed=2))[1]
     assert [r.send_s for r in a.requests] != [r.send_s for r in b.requests]
