@@ -17,14 +17,12 @@ KEY_SHIFT = 20  # instance i gets key_base (i + 1) << 20: node keys stay below 2
 
 
 class OpenLoopSpec(BaseModel):
-    """How a timestamped workload is replayed open loop."""
+    """How a timestamped workload is replayed open loop (the window comes from the run)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     speedup: float = Field(default=1.0, gt=0, description="trace seconds per simulated second")
     offset_s: float = Field(default=0.0, ge=0, description="skip this much of the trace (trace s)")
-    window_s: float | None = Field(default=None, gt=0, description=(
-        "send only arrivals in the first window_s simulated seconds (None = all)"))
     jitter_s: float | None = Field(default=None, ge=0, description=(
         "Mooncake: uniform arrival jitter (s); None = 3 s if timestamps are quantised, else 0"))
 
@@ -55,8 +53,10 @@ class OpenLoopSchedule:
             self._sends.append((t, graphs[i]))
 
     @classmethod
-    def from_spec(cls, graphs: Sequence[SessionGraph], spec: OpenLoopSpec) -> OpenLoopSchedule:
-        return cls(graphs, spec.speedup, spec.offset_s, spec.window_s)
+    def from_spec(cls, graphs: Sequence[SessionGraph], spec: OpenLoopSpec,
+                  window_s: float | None = None) -> OpenLoopSchedule:
+        """The schedule `spec` describes; `window_s` = the run's warm-up + measurement window."""
+        return cls(graphs, spec.speedup, spec.offset_s, window_s)
 
     def __len__(self) -> int:
         return len(self._sends)

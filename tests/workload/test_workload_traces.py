@@ -199,8 +199,8 @@ def test_open_loop_schedule_orders_speeds_up_and_windows() -> None:
     assert len({i.key_base for _, i in sends}) == 2
     assert all(0 < i.key_base < 1 << 60 for _, i in sends)
     assert len(sched) == 2 and sched.duration_s == 1.5
-    full = OpenLoopSchedule.from_spec(graphs, OpenLoopSpec())
-    assert [t for t, _ in full] == [1.0, 3.0, 5.0, 7.0, 9.0]
+    full = OpenLoopSchedule.from_spec(graphs, OpenLoopSpec(offset_s=0.5), window_s=100.0)
+    assert [t for t, _ in full] == [0.5, 2.5, 4.5, 6.5, 8.5]
 
 
 def test_open_loop_needs_timestamps() -> None:
