@@ -31,7 +31,6 @@ from rackSim.engine.client import AgentClients
 from rackSim.engine.prefix_cache import BlockCache
 from rackSim.engine.request import Job
 from rackSim.metrics.records import RequestRecord
-from rackSim.metrics.summary import Result, summarize
 from rackSim.validate.fit import Profile
 from rackSim.validate.step_model import MeasuredStepModel
 from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, SessionInstance
@@ -152,18 +151,28 @@ class ColocatedEngine:
             seq.job.on_done(seq.job)
 
 
+@dataclass
+class ColocatedOutput:
+    """Raw output of a colocated simulation: records, step rows, window (s)."""
+
+    records: list[RequestRecord]
+    steps: list[tuple]
+    window_start_s: float
+    window_end_s: float
+    sim_s: float
+
+
 def simulate_colocated(sessions: list[SessionGraph], replay: ReplaySpec, profile: Profile,
-                       seed: int = 0, max_sim_s: float = 3600.0) -> Result:
+                       seed: int = 0, max_sim_s: float = 3600.0) -> ColocatedOutput:
     """Replay `sessions` on one simulated engine priced by `profile`; run until the window has
-    passed and the requests in flight have finished (as the driver does). Result over the
-    window, with tokens/s as `throughput_tok_s_gpu` (one 'GPU' = the one server)."""
+    passed and the requests in flight have finished (as the driver does)."""
     env = simpy.Environment()
     records: list[RequestRecord] = []
     steps: list[tuple] = []
     model = MeasuredStepModel.from_profile(profile)
     engine = ColocatedEngine(env, model, profile, steps)
     rp = ClosedLoopReplay(sessions, replay, seed)
-    clients = AgentClients(env, rp, engine.submit, engine.warm, records, lambda: None)
+    clients = AgentClients(env, rp, engine.submit, engine.warm, records)
     clients.start()
     while env.now < max_sim_s:
         env.run(until=env.now + 1.0)
@@ -173,6 +182,4 @@ def simulate_colocated(sessions: list[SessionGraph], replay: ReplaySpec, profile
     clients.stopped = True
     ws = rp.window_start_s if rp.window_start_s is not None else env.now
     we = min(ws + replay.window_s, env.now)
-    return summarize(records, steps, None, ws, we, 1, ZERO_PRICING,
-                     {"source": "simulated", "profile_source": profile.source,
-                      "concurrency": replay.concurrency, "sim_s": env.now})
+    return ColocatedOutput(records, steps, ws, we, env.now)

