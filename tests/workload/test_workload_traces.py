@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, path_blocks
 from rackSim.workload.jsonl import WorkloadFormatError, load_jsonl, save_jsonl
@@ -218,3 +220,41 @@ def test_open_loop_replay_of_mooncake_at_speedup(conversation) -> None:
     # 600 simulated seconds at 4x speed-up hold exactly the first 2400 trace seconds
     in_trace = sum(1 for g in conversation if g.start_s < 2400)
     assert len(sched) == in_trace
+
+
+@st.composite
+def _mooncake_rows(draw: st.DrawFn) -> list[dict]:
+    """Rows whose hash ids share prefixes the way conversations do (each extends an earlier
+    row's prefix with fresh ids)."""
+    rows: list[list[int]] = []
+    fresh = 0
+    for _ in range(draw(st.integers(1, 12))):
+        base: list[int] = []
+        if rows and draw(st.booleans()):
+            src = draw(st.sampled_from(rows))
+            base = src[:draw(st.integers(0, len(src)))]
+        n_new = draw(st.integers(0 if base else 1, 4))
+        rows.append(base + list(range(fresh, fresh + n_new)))
+        fresh += n_new
+    out = []
+    for ids in rows:
+        tail = draw(st.integers(1, 512))
+        out.append({"timestamp": 0, "input_length": 512 * (len(ids) - 1) + tail,
+                    "output_length": 1, "hash_ids": ids})
+    return out
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_mooncake_rows(), st.none() | st.integers(0, 60), st.randoms(use_true_random=False))
+def test_radix_compression_is_invisible_to_any_lru(tmp_path: Path, rows, capacity, rnd) -> None:
+    f = _mc(tmp_path, rows)
+    merged = load_mooncake(f, jitter_s=0.0)
+    raw = load_mooncake(f, jitter_s=0.0, compress=False)
+    pairs = list(zip(merged, raw, strict=True))
+    pairs += rnd.sample(pairs, len(pairs))
+    fast, slow = BlockLruCache(capacity), BlockLruCache(capacity)
+    for a, b in pairs:
+        assert path_blocks(a.requests[0].path) == path_blocks(b.requests[0].path)
+        assert fast.access(a.requests[0].path) == slow.access(b.requests[0].path)
+        assert fast.used == slow.used
