@@ -1,0 +1,110 @@
+"""Fitting: known coefficients are recovered; the profile round-trips; the step model prices
+steps by hand arithmetic; the black-box fit recovers a profile from simulated records."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from rackSim.perf.step import DecodeBatch, PrefillBatch
+from rackSim.validate.colocated import simulate_colocated
+from rackSim.validate.compare import delivery_gaps, summarize_run
+from rackSim.validate.fit import (
+    COEFFS,
+    Profile,
+    ServerShape,
+    fit_driver_records,
+    fit_iteration_log,
+)
+from rackSim.validate.step_model import MeasuredStepModel
+from rackSim.validate.workloads import cpu_tiny_workload
+from rackSim.workload.sources import load_sessions
+
+TRUE = {"const_ms": 2.0, "per_prefill_token_ms": 0.02, "per_prefill_request_ms": 3.0,
+        "per_decode_request_ms": 0.4, "per_context_token_ms": 0.0}
+
+
+def _steps(n: int = 600, noise_ms: float = 0.2, seed: int = 0) -> list[tuple]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        p_req = int(rng.integers(0, 3))
+        p_tok = int(rng.integers(50, 2000)) * p_req
+        d_req = int(rng.integers(0, 12))
+        t = (TRUE["const_ms"] + TRUE["per_prefill_token_ms"] * p_tok
+             + TRUE["per_prefill_request_ms"] * p_req + TRUE["per_decode_request_ms"] * d_req
+             + rng.normal(0, noise_ms))
+        rows.append(("engine-0", i, math.nan, t, p_req, p_tok, d_req, float(d_req), math.nan, 0,
+                     math.nan) + (math.nan,) * 10)
+    return rows
+
+
+def test_log_fit_recovers_coefficients():
+    prof = fit_iteration_log(_steps())
+    for k in ("const_ms", "per_prefill_token_ms", "per_prefill_request_ms",
+              "per_decode_request_ms"):
+        assert prof.coeffs[k] == pytest.approx(TRUE[k], rel=0.05, abs=0.02), k
+    assert prof.residuals["all"]["rmse_ms"] == pytest.approx(0.2, rel=0.2)
+    assert prof.residuals["all"]["r2"] > 0.99
+
+
+def test_log_fit_needs_steps():
+    with pytest.raises(ValueError, match="need at least 8"):
+        fit_iteration_log(_steps(5))
+
+
+def test_profile_yaml_roundtrip_and_errors(tmp_path):
+    prof = fit_iteration_log(_steps())
+    prof.overhead_ms, prof.api_overhead_ms = 1.5, 7.0
+    path = prof.to_yaml(tmp_path / "p.yaml")
+    back = Profile.from_yaml(path)
+    assert back.coeffs == pytest.approx(prof.coeffs)
+    assert (back.overhead_ms, back.api_overhead_ms) == (1.5, 7.0)
+    assert back.residuals["all"]["n"] == 600 and back.provenance["source"] == "iteration_log"
+    (tmp_path / "bad.yaml").write_text("format: something-else\n")
+    with pytest.raises(ValueError, match="racksim-validate fit"):
+        Profile.from_yaml(tmp_path / "bad.yaml")
+
+
+def test_measured_step_model_arithmetic(tmp_path):
+    prof = Profile(coeffs=dict(TRUE), overhead_ms=1.0)
+    cfg = SimpleNamespace(perf=SimpleNamespace(profile=prof.to_yaml(tmp_path / "p.yaml")))
+    model = MeasuredStepModel(cfg, role="prefill", seed=1)  # the build_step_model hook
+    pf = model.prefill_step(PrefillBatch(new_tokens=1000, attended_tokens=1500, num_requests=2,
+                                         admitted_prompt_tokens=1000, ranks=1))
+    assert pf.total_ms == pytest.approx(2.0 + 1.0 + 0.02 * 1000 + 3.0 * 2)
+    dc = model.decode_step(DecodeBatch(requests_per_rank=[5, 8], context_tokens_per_rank=[1, 2],
+                                       tokens_per_request=1.0, draft_tokens=0, new_loads=0,
+                                       admitted_prompt_tokens=0, step_index=3))
+    assert dc.total_ms == pytest.approx(2.0 + 1.0 + 0.4 * 8)
+    with pytest.raises(ValueError, match="perf.profile"):
+        MeasuredStepModel(SimpleNamespace(perf=SimpleNamespace(profile=None)))
+
+
+def test_blackbox_fit_recovers_simulated_server():
+    """Records from the colocated model with a known profile -> black-box fit -> simulate
+    again: the refit predicts the same TTFT P50 and throughput within 15 %."""
+    truth = Profile(coeffs=dict(TRUE), api_overhead_ms=5.0,
+                    server=ServerShape(max_num_batched_tokens=2048))
+    wl = cpu_tiny_workload(4, window_s=30.0)
+    sessions = load_sessions(wl, 5)
+    sim = simulate_colocated(sessions, wl.replay, truth, seed=5)
+    prof = fit_driver_records(sim.records, truth.server)
+    again = simulate_colocated(sessions, wl.replay, prof, seed=5)
+    a = summarize_run(sim.records, sim.window_start_s, sim.window_end_s, "truth").summary
+    b = summarize_run(again.records, again.window_start_s, again.window_end_s, "refit").summary
+    for key in ("ttft_p50_ms", "throughput_tok_s_gpu", "itl_p50_ms"):
+        assert b[key] == pytest.approx(a[key], rel=0.15), key
+    assert set(prof.coeffs) == set(COEFFS)
+
+
+def test_delivery_gaps():
+    # first token, one 10 ms gap, then 3 tokens delivered together 30.2 ms later in all
+    t = np.array([0.0, 10.0, 40.0, 40.1, 40.2]) / 1e3
+    assert delivery_gaps(list(t)) == pytest.approx([10.0] + [30.2 / 3] * 3)
+    # tokens delivered with the first token carry no gap
+    assert delivery_gaps([0.0, 0.0001, 0.01]) == pytest.approx([9.9])
+    assert delivery_gaps([1.0]).size == 0
