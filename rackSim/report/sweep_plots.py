@@ -1,0 +1,229 @@
+"""PNG figures of a sweep (headless matplotlib), from its table and its job directories.
+
+- `pareto.png`: tokens/s/GPU against interactivity, every scenario labelled by its layout, the
+  non-dominated frontier drawn through.
+- `economics.png`: revenue and margin per GPU-hour against interactivity.
+- `decode_breakdown.png`: mean decode step time by component, stacked, per DEP width.
+- `latency.png`: TTFT (per request) and inter-token latency (token-weighted) distributions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
+
+from rackSim.perf.step import COMPONENTS  # noqa: E402
+from rackSim.report.sweep_table import STATUS_COLUMNS  # noqa: E402
+
+X, Y = "interactivity_tok_s", "throughput_tok_s_gpu"
+LAYOUT_KEYS = ("deployment.decode.gpus", "deployment.prefill.instances",
+               "deployment.prefill.gpus_per_instance", "deployment.decode.parallelism",
+               "deployment.prefill.parallelism", "deployment")
+MAX_LABELLED = 40
+MAX_CURVES = 12
+
+
+def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Mask of the points no other point beats on both x and y (higher is better on both)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    ok = ~(np.isnan(x) | np.isnan(y))
+    front = np.zeros(len(x), bool)
+    for i in np.flatnonzero(ok):
+        ge = (x[ok] >= x[i]) & (y[ok] >= y[i])
+        gt = (x[ok] > x[i]) | (y[ok] > y[i])
+        front[i] = not (ge & gt).any()
+    return front
+
+
+def varied_keys(table: pd.DataFrame) -> list[str]:
+    """Overridden keys whose value differs between scenarios."""
+    first_metric = table.columns.get_loc(STATUS_COLUMNS[0])
+    keys = table.columns[:first_metric]
+    return [k for k in keys if table[k].astype(str).nunique() > 1]
+
+
+def point_labels(table: pd.DataFrame) -> list[str]:
+    """Each scenario's layout, plus the other varied keys (short names) when they vary."""
+    extra = [k for k in varied_keys(table) if k not in LAYOUT_KEYS]
+    labels = []
+    for _, row in table.iterrows():
+        parts = [str(row.get("layout") or "?")]
+        parts += [f"{k.rsplit('.', 1)[-1]}={row[k]}" for k in extra]
+        labels.append(" ".join(parts))
+    return labels
+
+
+def _ok(table: pd.DataFrame) -> pd.DataFrame:
+    return table[(table["status"] == "ok") & table[X].notna()].reset_index(drop=True)
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _annotate(ax: plt.Axes, x: np.ndarray, y: np.ndarray, labels: list[str],
+              mask: np.ndarray) -> None:
+    for xi, yi, text, m in zip(x, y, labels, mask, strict=True):
+        if m:
+            ax.annotate(text, (xi, yi), xytext=(4, 4), textcoords="offset points", fontsize=7)
+
+
+def plot_pareto(table: pd.DataFrame, path: Path) -> Path:
+    ok = _ok(table)
+    fig, ax = plt.subplots(figsize=(9, 6))
+    if not ok.empty:
+        x, y = ok[X].to_numpy(float), ok[Y].to_numpy(float)
+        front = pareto_front(x, y)
+        ax.scatter(x[~front], y[~front], color="tab:gray", label="dominated")
+        order = np.argsort(x[front])
+        ax.plot(x[front][order], y[front][order], "o-", color="tab:red", label="Pareto frontier")
+        labelled = np.ones(len(ok), bool) if len(ok) <= MAX_LABELLED else front
+        _annotate(ax, x, y, point_labels(ok), labelled)
+        ax.legend()
+    ax.margins(x=0.15, y=0.08)
+    failed = int((table["status"] != "ok").sum())
+    ax.set_xlabel("interactivity, 1 / P90 inter-token latency (tokens/s per user)")
+    ax.set_ylabel("throughput (tokens/s per GPU)")
+    ax.set_title(f"Throughput vs interactivity: {len(ok)} scenarios"
+                 + (f" ({failed} failed, not shown)" if failed else ""))
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_economics(table: pd.DataFrame, path: Path) -> Path:
+    ok = _ok(table)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharex=True)
+    labels = point_labels(ok)
+    for ax, col, title in ((axes[0], "revenue_usd_gpu_h", "Revenue"),
+                           (axes[1], "margin_usd_gpu_h", "Margin (revenue - GPU cost)")):
+        if not ok.empty:
+            x, y = ok[X].to_numpy(float), ok[col].to_numpy(float)
+            ax.scatter(x, y, color="tab:blue" if col.startswith("rev") else "tab:green")
+            _annotate(ax, x, y, labels, np.full(len(ok), len(ok) <= MAX_LABELLED))
+            ax.margins(x=0.15, y=0.08)
+        if col.startswith("rev") and not ok.empty:
+            for cost in sorted(ok["cost_usd_gpu_h"].dropna().unique()):
+                ax.axhline(cost, color="tab:red", ls="--", lw=1, label=f"GPU cost ${cost:.2f}/h")
+            ax.legend()
+        else:
+            ax.axhline(0, color="k", lw=0.8)
+        ax.set_xlabel("interactivity (tokens/s per user)")
+        ax.set_ylabel("$ per GPU-hour")
+        ax.set_title(f"{title} per GPU-hour")
+        ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_breakdown_by_width(table: pd.DataFrame, path: Path) -> Path:
+    """Stacked mean decode step components, one bar per DEP width (mean over the scenarios
+    at that width) or one per scenario when the sweep varies more than the width."""
+    ok = _ok(table)
+    cols = [f"decode_{c}_ms" for c in COMPONENTS if f"decode_{c}_ms" in ok.columns]
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    if ok.empty or not cols or "decode_gpus" not in ok.columns:
+        ax.text(0.5, 0.5, "no decode breakdown in this table", ha="center", transform=ax.transAxes)
+        return _save(fig, path)
+    ok = ok.sort_values("decode_gpus", kind="stable")
+    per_width = ok["decode_gpus"].nunique() == len(ok) or len(ok) > MAX_LABELLED
+    if per_width:
+        bars = ok.groupby("decode_gpus")[cols].mean()
+        names = [f"DEP{int(w)}" for w in bars.index]
+    else:
+        bars = ok[cols].reset_index(drop=True)
+        names = point_labels(ok)
+    bottom = np.zeros(len(bars))
+    colours = plt.get_cmap("tab10").colors
+    for i, c in enumerate(cols):
+        v = bars[c].fillna(0).to_numpy(float)
+        if v.any():
+            ax.bar(range(len(bars)), v, bottom=bottom, color=colours[i % 10],
+                   label=c.removeprefix("decode_").removesuffix("_ms"))
+        bottom += v
+    ax.set_xticks(range(len(bars)), names, rotation=0 if per_width else 30,
+                  ha="center" if per_width else "right", fontsize=8)
+    ax.set_ylabel("mean decode step time (ms)")
+    ax.set_title("Decode step breakdown by DEP width"
+                 + (" (mean over scenarios at each width)" if per_width and
+                    ok["decode_gpus"].nunique() < len(ok) else ""))
+    ax.legend(ncol=1, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def _log_axis(ax: plt.Axes) -> None:
+    """Log x axis with plain-number labels at 1, 2 and 5 of each decade."""
+    ax.set_xscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+    ax.xaxis.set_minor_formatter(plain)
+
+
+def _ttft_ms(job: Path) -> np.ndarray:
+    try:
+        req = pd.read_parquet(job / "requests.parquet",
+                              columns=["phase", "error", "ttft_ms"])
+    except (OSError, ValueError):
+        return np.empty(0)
+    win = req[(req["phase"] == "window") & req["error"].isna()]
+    return np.sort(win["ttft_ms"].dropna().to_numpy(float))
+
+
+def _itl_cdf(job: Path) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        h = pd.read_csv(job / "itl_histogram.csv")
+    except (OSError, ValueError):
+        return np.empty(0), np.empty(0)
+    w = h["tokens"].to_numpy(float)
+    return h["hi_ms"].to_numpy(float), np.cumsum(w) / w.sum() if w.sum() else w
+
+
+def plot_latency_distributions(table: pd.DataFrame, sweep_dir: Path, path: Path) -> Path:
+    """CDFs of TTFT and ITL per scenario (the first MAX_CURVES, in table order)."""
+    ok = _ok(table).head(MAX_CURVES)
+    labels = point_labels(ok)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    colours = plt.get_cmap("tab10" if len(ok) <= 10 else "tab20").colors
+    for i, (_, row) in enumerate(ok.iterrows()):
+        job = sweep_dir / str(row["job_dir"])
+        c = colours[i % len(colours)]
+        ttft = _ttft_ms(job)
+        if ttft.size:
+            axes[0].plot(ttft, np.arange(1, ttft.size + 1) / ttft.size, color=c, label=labels[i])
+        x, cdf = _itl_cdf(job)
+        if x.size:
+            axes[1].step(x, cdf, where="post", color=c, label=labels[i])
+    for ax, name, unit in ((axes[0], "TTFT", "requests"),
+                           (axes[1], "inter-token latency", "tokens")):
+        _log_axis(ax)
+        ax.set_xlabel(f"{name} (ms, log scale)")
+        ax.set_ylabel(f"fraction of {unit}")
+        ax.axhline(0.9, color="k", ls=":", lw=0.8)
+        ax.set_title(f"{name} distribution (CDF; dotted line = P90)")
+        ax.grid(alpha=0.3, which="both")
+    if len(ok):
+        axes[1].legend(fontsize=7, loc="lower right")
+    shown = len(ok)
+    total = int((table["status"] == "ok").sum())
+    if total > shown:
+        fig.suptitle(f"first {shown} of {total} scenarios", fontsize=9)
+    return _save(fig, path)
+
+
+def plot_sweep(table: pd.DataFrame, sweep_dir: Path, out: Path) -> list[Path]:
+    """Every sweep figure into `out`; returns their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    return [plot_pareto(table, out / "pareto.png"),
+            plot_economics(table, out / "economics.png"),
+            plot_breakdown_by_width(table, out / "decode_breakdown.png"),
+            plot_latency_distributions(table, sweep_dir, out / "latency.png")]

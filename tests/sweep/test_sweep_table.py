@@ -1,0 +1,129 @@
+"""A real Hydra multirun through the joblib launcher: one table row per scenario, failures
+recorded with their error, resume re-simulates nothing, `racksim-plot table` rebuilds it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+from sweep_support import AXES, run_sweep
+
+from rackSim.metrics.summary import SUMMARY_KEYS
+from rackSim.report.command import main as plot_main
+from rackSim.report.sweep_table import build_table, parse_overrides
+
+
+def _stamps(sweep_dir):
+    """summary.json mtime (ns) of every finished job, by job directory."""
+    return {p.parent.name: p.stat().st_mtime_ns for p in sweep_dir.glob("*/summary.json")}
+
+
+def test_one_row_per_scenario_with_overrides_then_metrics(joblib_sweep):
+    sweep_dir, proc = joblib_sweep
+    assert "Joblib.Parallel(" in proc.stdout + proc.stderr  # really the joblib launcher
+    table = pd.read_parquet(sweep_dir / "sweep.parquet")
+    assert len(table) == 6
+    assert list(table.columns[:5]) == ["experiment", "workload.replay.window_s", "progress",
+                                       "deployment.decode.gpus", "workload.replay.concurrency"]
+    assert set(SUMMARY_KEYS) <= set(table.columns)
+    assert {(g, c) for g, c in zip(table["deployment.decode.gpus"],
+                                   table["workload.replay.concurrency"], strict=True)} == \
+        {(g, c) for g in (4, 8, 5) for c in (32, 64)}
+    assert table["deployment.decode.gpus"].dtype.kind == "i"
+    csv = pd.read_csv(sweep_dir / "sweep.csv")
+    assert len(csv) == 6 and list(csv.columns) == list(table.columns)
+
+
+def test_rows_carry_each_jobs_summary(joblib_sweep):
+    sweep_dir, _ = joblib_sweep
+    table = pd.read_parquet(sweep_dir / "sweep.parquet")
+    ok = table[table["status"] == "ok"]
+    assert len(ok) == 4
+    for _, row in ok.iterrows():
+        s = json.loads((sweep_dir / row["job_dir"] / "summary.json").read_text())
+        assert s["concurrency"] == row["workload.replay.concurrency"]
+        assert s["decode_gpus"] == row["deployment.decode.gpus"]
+        assert row["layout"] == f"P2xDEP2+DEP{row['deployment.decode.gpus']}"
+        for k in ("throughput_tok_s_gpu", "interactivity_tok_s", "margin_usd_gpu_h"):
+            assert row[k] == pytest.approx(s[k], rel=1e-12)
+        # the decode breakdown means add up to the mean step time
+        parts = [c for c in table.columns if c.startswith("decode_") and c.endswith("_ms")
+                 and c != "decode_step_ms"]
+        assert len(parts) == 10
+        assert row[parts].sum() == pytest.approx(row["decode_step_ms"], rel=1e-9)
+    # more clients on the same layout: more tokens/s/GPU, less interactivity
+    for g in (4, 8):
+        lo, hi = (ok[(ok["deployment.decode.gpus"] == g)
+                     & (ok["workload.replay.concurrency"] == c)].iloc[0] for c in (32, 64))
+        assert hi["throughput_tok_s_gpu"] > lo["throughput_tok_s_gpu"]
+        assert hi["interactivity_tok_s"] < lo["interactivity_tok_s"]
+
+
+def test_failed_scenarios_are_listed_with_their_error(joblib_sweep):
+    sweep_dir, _ = joblib_sweep
+    table = pd.read_parquet(sweep_dir / "sweep.parquet")
+    bad = table[table["status"] == "failed"]
+    assert sorted(bad["deployment.decode.gpus"]) == [5, 5]
+    for _, row in bad.iterrows():
+        assert "ConfigError" in row["error"] and "divides 384" in row["error"]
+        assert pd.isna(row["throughput_tok_s_gpu"])
+        err = json.loads((sweep_dir / row["job_dir"] / "error.json").read_text())
+        assert err["error_type"] == "ConfigError" and "deployment.decode.gpus=5" in err["error"]
+        assert not (sweep_dir / row["job_dir"] / "summary.json").exists()
+
+
+def test_resume_skips_finished_scenarios_and_retries_failed(joblib_sweep, tmp_path):
+    src, _ = joblib_sweep
+    sweep_dir = tmp_path / "resumed"
+    shutil.copytree(src, sweep_dir)
+    before = _stamps(sweep_dir)
+    failed_at = {p.parent.name: json.loads(p.read_text())["finished_at"]
+                 for p in sweep_dir.glob("*/error.json")
+                 for p in [p.parent / "job.json"]}
+    proc = run_sweep(sweep_dir, *AXES)  # the basic launcher this time
+    assert proc.stderr.count("skipped (already done)") == 4
+    assert _stamps(sweep_dir) == before  # nothing finished was simulated again
+    for name, t in failed_at.items():  # failed ones were tried again (and failed again)
+        assert json.loads((sweep_dir / name / "job.json").read_text())["finished_at"] > t
+    assert len(pd.read_parquet(sweep_dir / "sweep.parquet")) == 6
+
+
+def test_changed_sweep_in_same_dir_keeps_earlier_results(joblib_sweep, tmp_path):
+    src, _ = joblib_sweep
+    sweep_dir = tmp_path / "changed"
+    shutil.copytree(src, sweep_dir)
+    before = _stamps(sweep_dir)
+    # job 0 is (4, 32): done; job 1 is (16, 32) but directory 1 holds (4, 64)
+    run_sweep(sweep_dir, "deployment.decode.gpus=4,16", "workload.replay.concurrency=32")
+    after = _stamps(sweep_dir)
+    assert {k: after[k] for k in before} == before
+    (new,) = set(after) - set(before)
+    assert new.startswith("1-")
+    table = build_table(sweep_dir)
+    assert len(table) == 7
+    row = table[table["job_dir"] == new].iloc[0]
+    assert (row["deployment.decode.gpus"], row["status"]) == (16, "ok")
+
+
+def test_table_command_rebuilds_the_same_table(joblib_sweep, tmp_path, capsys):
+    src, _ = joblib_sweep
+    sweep_dir = tmp_path / "again"
+    shutil.copytree(src, sweep_dir)
+    (sweep_dir / "sweep.parquet").unlink()
+    (sweep_dir / "sweep.csv").unlink()
+    assert plot_main(["table", str(sweep_dir)]) == 0
+    assert "sweep.parquet" in capsys.readouterr().out
+    pd.testing.assert_frame_equal(pd.read_parquet(sweep_dir / "sweep.parquet"),
+                                  pd.read_parquet(src / "sweep.parquet"))
+
+
+def test_table_command_on_a_dir_without_jobs_fails_clearly(tmp_path, capsys):
+    assert plot_main(["table", str(tmp_path)]) == 2
+    assert "no sweep jobs" in capsys.readouterr().err
+
+
+def test_parse_overrides():
+    assert parse_overrides(["+a.b=1", "c=0.5", "d=true", "e=push", "f=null", "g=1e3"]) == \
+        {"a.b": 1, "c": 0.5, "d": True, "e": "push", "f": None, "g": 1000.0}
