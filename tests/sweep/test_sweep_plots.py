@@ -1,0 +1,76 @@
+"""Sweep figures: the Pareto frontier is exactly the non-dominated set; `racksim-plot plots`
+draws every PNG from a real sweep and refuses a directory without a table."""
+
+from __future__ import annotations
+
+import matplotlib.image as mpimg
+import numpy as np
+import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rackSim.report.command import main as plot_main
+from rackSim.report.sweep_plots import pareto_front, point_labels, varied_keys
+
+FIGURES = ("pareto.png", "economics.png", "decode_breakdown.png", "latency.png")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20)), min_size=1, max_size=40))
+def test_pareto_front_is_exactly_the_non_dominated_points(points):
+    x, y = (np.array(v, float) for v in zip(*points, strict=True))
+    front = pareto_front(x, y)
+
+    def dominated(i: int) -> bool:
+        return bool(((x >= x[i]) & (y >= y[i]) & ((x > x[i]) | (y > y[i]))).any())
+
+    assert front.any()
+    for i in range(len(x)):
+        assert front[i] == (not dominated(i))
+
+
+def test_pareto_front_ignores_missing_values():
+    x = np.array([1.0, np.nan, 3.0, 2.0])
+    y = np.array([3.0, 9.0, 1.0, 1.0])
+    assert pareto_front(x, y).tolist() == [True, False, True, False]
+
+
+def test_frontier_of_the_sweep(joblib_sweep):
+    sweep_dir, _ = joblib_sweep
+    table = pd.read_parquet(sweep_dir / "sweep.parquet")
+    ok = table[table["status"] == "ok"]
+    front = pareto_front(ok["interactivity_tok_s"], ok["throughput_tok_s_gpu"])
+    # the most interactive and the highest-throughput scenarios always lie on the frontier
+    assert front[np.argmax(ok["interactivity_tok_s"].to_numpy())]
+    assert front[np.argmax(ok["throughput_tok_s_gpu"].to_numpy())]
+    assert varied_keys(table) == ["deployment.decode.gpus", "workload.replay.concurrency"]
+    first = ok.iloc[0]
+    assert point_labels(ok)[0] == \
+        f"{first['layout']} concurrency={first['workload.replay.concurrency']}"
+
+
+def test_plots_command_draws_every_figure(joblib_sweep, tmp_path, capsys):
+    sweep_dir, _ = joblib_sweep
+    out = tmp_path / "figs"
+    assert plot_main(["plots", str(sweep_dir / "sweep.parquet"), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.split()
+    assert [p.rsplit("/", 1)[-1] for p in printed] == list(FIGURES)
+    for name in FIGURES:
+        img = mpimg.imread(out / name)
+        assert img.shape[0] >= 400 and img.shape[1] >= 800, name
+        assert img[..., :3].std() > 0.05, name  # not a blank canvas
+    # the same figures from the directory and from the CSV table
+    assert plot_main(["plots", str(sweep_dir), "--out", str(tmp_path / "d")]) == 0
+    assert plot_main(["plots", str(sweep_dir / "sweep.csv"), "--out", str(tmp_path / "c")]) == 0
+    assert all((tmp_path / "c" / n).stat().st_size > 10_000 for n in FIGURES)
+
+
+def test_plots_command_without_a_table_fails_clearly(tmp_path, capsys):
+    assert plot_main(["plots", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no sweep table" in err and "racksim-plot table" in err
+    assert plot_main(["plots", str(tmp_path / "missing.parquet")]) == 2
+    bogus = tmp_path / "x.csv"
+    bogus.write_text("a,b\n1,2\n")
+    assert plot_main(["plots", str(bogus)]) == 2
+    assert "not a sweep table" in capsys.readouterr().err
