@@ -41,7 +41,7 @@ def breakdown_table(profile: Profile, widths: list[int], requests_per_rank: int,
                                     draft_tokens=spec.num_draft_tokens, new_loads=0,
                                     admitted_prompt_tokens=0, step_index=step)
                 br = model.decode_step(batch)
-                br = replace(br, straggler=model.straggler.expected_ms())
+                br = replace(br, straggler=model.last_straggler_expected_ms)
                 tok = spec.accepted_tokens_per_step
                 rows.append({"DEP": w, "eplb": "on" if eplb else "off", "allreduce": alg,
                              **{c: br.as_dict()[c] for c in COMPONENTS if c != "kv_stall"},

@@ -56,7 +56,7 @@ def targets(path: Path = TARGETS) -> dict[str, Any]:
 
 def expected(b: StepBreakdown, model: CalibratedStepModel) -> StepBreakdown:
     """The breakdown with its random straggler draw replaced by the expected delay."""
-    return replace(b, straggler=model.straggler.expected_ms())
+    return replace(b, straggler=model.last_straggler_expected_ms)
 
 
 # -- EPLB ------------------------------------------------------------------------------------

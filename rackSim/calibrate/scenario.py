@@ -16,6 +16,15 @@ CALIBRATION = ROOT / "calibration"
 DEFAULT_PROFILE = CALIBRATION / "gb300__deepseek_v4_1_flash.yaml"
 
 
+def default_choice(group: str) -> str:
+    """The option `scenarios/config.yaml` picks for a config group (e.g. 'workload')."""
+    tree = yaml.safe_load((SCENARIOS / "config.yaml").read_text())
+    for item in tree.get("defaults", []):
+        if isinstance(item, dict) and group in item:
+            return str(item[group])
+    raise KeyError(f"scenarios/config.yaml has no default for '{group}'")
+
+
 def _read(group: str, name: str) -> dict[str, Any]:
     data = yaml.safe_load((SCENARIOS / group / f"{name}.yaml").read_text())
     return {k: v for k, v in data.items() if not k.startswith("_")}
@@ -37,6 +46,6 @@ def operating_point(*, hardware: str = "gb300_nvl72", decode_gpus: int = 32,
     if profile is not None:
         perf = {"model": "calibrated", "profile": str(profile)}
     tree = {"model": _read("model", model), "hardware": _read("hardware", hardware),
-            "deployment": dep, "workload": _read("workload", "agentx"),
-            "pricing": _read("pricing", "deepseek_offpeak"), "perf": perf, "progress": False}
+            "deployment": dep, "workload": _read("workload", default_choice("workload")),
+            "pricing": _read("pricing", default_choice("pricing")), "perf": perf, "progress": False}
     return load_run_config(tree)

@@ -19,7 +19,7 @@ from pathlib import Path
 from rackSim.config.specs import RunConfig
 from rackSim.perf.attention import AttentionCost
 from rackSim.perf.comm import allreduce_ms, alltoall_layer_ms
-from rackSim.perf.cpu import StragglerModel, admission_ms
+from rackSim.perf.cpu import StragglerModel, admission_ms, exposed_lag_ms
 from rackSim.perf.eplb import EplbConfig, EplbState
 from rackSim.perf.moe import MoeKernel, MoeShape, experts_hit_random, moe_rank_ms
 from rackSim.perf.prefill_opts import (
@@ -126,6 +126,10 @@ class CalibratedStepModel:
         lag = int(p.setting("lagged_ranks", 0) if lagged_ranks is None else lagged_ranks)
         sync_points = m.num_layers if role == "prefill" else int(
             p.setting("decode_sync_points", 1))
+        self._absorb = p.value("straggler_absorb")
+        self._sync_points = sync_points
+        #: expected straggler delay of the last priced step (ms), for reports and fits
+        self.last_straggler_expected_ms = 0.0
         self.straggler = StragglerModel(
             ranks=self.ranks, jitter_ms=p.value("straggler_jitter_us") / MS,
             sync_points=sync_points, lag_ms=p.value("straggler_lag_us") / MS,
@@ -209,6 +213,15 @@ class CalibratedStepModel:
                  + self._draft_dense_bytes / self._hbm_ms)
         return draft_tokens * (moe + comm + dense)
 
+    def _straggler(self, gpu_ms: float) -> float:
+        """Straggler delay of a step whose GPU work takes `gpu_ms` (ms); sets
+        `last_straggler_expected_ms`."""
+        st = self.straggler
+        lag = exposed_lag_ms(st.lag_ms, self._absorb, gpu_ms / self._sync_points) \
+            if st.lagged else 0.0
+        self.last_straggler_expected_ms = st.expected_ms(lag)
+        return st.sample_ms(lag)
+
     # -- tensor parallel -------------------------------------------------------------------------
     def _tp_allreduce_ms(self, tokens: float, layers: int) -> float:
         """Two ring all-reduces (after attention and after the FFN/MoE) of BF16 activations per
@@ -250,9 +263,10 @@ class CalibratedStepModel:
                    + self._draft_dense_bytes / t / self._hbm_ms
                    + self._tp_allreduce_ms(reqs, self.draft_shape.layers))
             draft = batch.draft_tokens * per
+        gpu = moe + attention + indexer + dense + comm + draft
         return StepBreakdown(moe=moe, attention=attention, indexer=indexer, dense=dense,
                              comm=comm, draft=draft, cpu=cpu, sync=self._sync_ms,
-                             straggler=self.straggler.sample_ms())
+                             straggler=self._straggler(gpu))
 
     # -- decode -----------------------------------------------------------------------------------
     def decode_step(self, batch: DecodeBatch) -> StepBreakdown:
@@ -285,9 +299,10 @@ class CalibratedStepModel:
         indexer = a.decode_indexer_ms(wr, wc)
         dense = (self.cfg.model.num_layers * self._dense_kernel_ms
                  + max(self._dense_bytes / self._hbm_ms, wr * kd))
+        gpu = moe + attention + indexer + dense + comm + draft
         return StepBreakdown(moe=moe, attention=attention, indexer=indexer, dense=dense,
                              comm=comm, draft=draft, cpu=cpu, sync=self._sync_ms,
-                             straggler=self.straggler.sample_ms())
+                             straggler=self._straggler(gpu))
 
     def _rank_cost_terms(self, q: int) -> tuple[float, float, float]:
         a = self.attn
@@ -388,4 +403,5 @@ class CalibratedStepModel:
         cpu = self._cpu_step_ms + admission_ms(batch.admitted_prompt_tokens, self._admit_ns) + host
         sync = allreduce_ms(self.allreduce, n // self.tp, self.profile.value("allreduce_call_ms"),
                             self.profile.value("allreduce_hop_ms"))
-        return StepBreakdown(**parts, cpu=cpu, sync=sync, straggler=self.straggler.sample_ms())
+        return StepBreakdown(**parts, cpu=cpu, sync=sync,
+                             straggler=self._straggler(sum(parts.values())))

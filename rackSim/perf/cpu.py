@@ -2,10 +2,12 @@
 
 Stragglers. Every synchronisation point of a step (each layer in eager prefill; the CUDA-graph
 replay boundary in decode) waits for the slowest rank. Each rank arrives after a CPU jitter
-X ~ Exponential(mean `jitter_ms`); a *lagged* rank arrives `lag_ms` later still. The delay a
-sync point adds is max over ranks, and a step adds the sum over its sync points. The sum is
-drawn from a normal with the exact mean and variance of that sum (CLT over sync points), so a
-step costs one random draw whatever the rank count.
+X ~ Exponential(mean `jitter_ms`); a *lagged* rank's CPU is `lag_ms` late per sync point, but
+its launch queue lets it run ahead of its GPU, so only the part of the lag beyond
+`absorb` x (GPU time between sync points) shows (`exposed_lag_ms`). The delay a sync point adds
+is max over ranks, and a step adds the sum over its sync points. The sum is drawn from a normal
+with the exact mean and variance of that sum (CLT over sync points), so a step costs one random
+draw whatever the rank count.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ def admission_ms(prompt_tokens: float, ns_per_token: float) -> float:
     """CPU time to admit prompts of `prompt_tokens` tokens in all (ms): buffer building and
     copying grow linearly with prompt length."""
     return max(prompt_tokens, 0.0) * ns_per_token * 1e-6
+
+
+def exposed_lag_ms(lag_ms: float, absorb: float, gpu_ms_per_sync: float) -> float:
+    """Lag a lagged rank adds at a sync point once its run-ahead of `absorb` x the GPU time
+    between sync points has hidden what it can (ms)."""
+    return max(0.0, lag_ms - absorb * gpu_ms_per_sync)
 
 
 def max_delay_moments(ranks: int, jitter_ms: float, lag_ms: float = 0.0,
@@ -62,17 +70,31 @@ class StragglerModel:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        m, v = max_delay_moments(self.ranks, self.jitter_ms, self.lag_ms, self.lagged)
-        self.mean_ms = self.sync_points * m
-        self.std_ms = math.sqrt(self.sync_points * v)
+        self._moments: dict[float, tuple[float, float]] = {}
+        self.mean_ms, self.std_ms = self._step_moments(self.lag_ms)
         self._rng = random.Random(self.seed)
 
-    def expected_ms(self) -> float:
-        """Expected straggler delay per step (ms)."""
-        return self.mean_ms
+    def _step_moments(self, lag_ms: float) -> tuple[float, float]:
+        """(mean, std) of a step's delay for a per-sync-point lag (cached by lag)."""
+        # 4 significant digits: steps of similar length share one integration
+        key = float(f"{lag_ms:.4g}") if self.lagged else 0.0
+        got = self._moments.get(key)
+        if got is None:
+            m, v = max_delay_moments(self.ranks, self.jitter_ms, key, self.lagged)
+            got = (self.sync_points * m, math.sqrt(self.sync_points * v))
+            if len(self._moments) > 10_000:
+                self._moments.clear()
+            self._moments[key] = got
+        return got
 
-    def sample_ms(self) -> float:
+    def expected_ms(self, lag_ms: float | None = None) -> float:
+        """Expected straggler delay per step (ms), for a lagged rank `lag_ms` late per sync
+        point (default: the full `lag_ms`)."""
+        return self._step_moments(self.lag_ms if lag_ms is None else lag_ms)[0]
+
+    def sample_ms(self, lag_ms: float | None = None) -> float:
         """One step's straggler delay (ms), never negative."""
-        if self.std_ms <= 0.0:
-            return self.mean_ms
-        return max(0.0, self._rng.gauss(self.mean_ms, self.std_ms))
+        mean, std = self._step_moments(self.lag_ms if lag_ms is None else lag_ms)
+        if std <= 0.0:
+            return mean
+        return max(0.0, self._rng.gauss(mean, std))

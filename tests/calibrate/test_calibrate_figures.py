@@ -20,10 +20,6 @@ LIMITS = {
     "E2.on": (0.12, "draft model: 4 experts per rank at DEP32 and no redundant experts; no "
                     "placement can beat 4 x the contiguous balancedness (4 x 0.21 = 0.84 < "
                     "0.89; see test_no_redundancy_bound)"),
-    "P1": (0.12, "one lag per sync point and exponential jitter fix the DEP4/DEP2 loss ratio "
-                 "near 1.9; published is 2.3 (13.6 / 5.9); the least-squares fit splits the "
-                 "miss between P1 and P2"),
-    "P2": (0.13, "see P1"),
 }
 
 
