@@ -118,11 +118,12 @@ class CalibratedStepModel:
         self._sync_ms = allreduce_ms(self.allreduce, dp_ranks, p.value("allreduce_call_ms"),
                                      p.value("allreduce_hop_ms"))
         self._dispatch = str(p.setting("moe_dispatch", "alltoall"))
-        self.prefill_opts = prefill_opts or PrefillOptimisations(
-            **(p.setting("prefill_optimisations") or {}))
+        self.prefill_opts = prefill_opts or self._scenario_prefill_opts(cfg, p)
         self._replay_baseline = p.value("replay_tokens_baseline")
         self._tlb = p.value("tlb_overhead")
         self._topk_ns = p.value("topk_ns_per_candidate")
+        if lagged_ranks is None:  # PerfSpec.lagged_ranks when the scenario has it
+            lagged_ranks = getattr(cfg.perf, "lagged_ranks", None)
         lag = int(p.setting("lagged_ranks", 0) if lagged_ranks is None else lagged_ranks)
         sync_points = m.num_layers if role == "prefill" else int(
             p.setting("decode_sync_points", 1))
@@ -154,6 +155,18 @@ class CalibratedStepModel:
                                    self.attn.csa_compress * self.attn.topk_entries)
         self._linear_coef: dict[int, tuple[float, float]] = {}
         self._cache: dict[tuple[float, ...], tuple[float, float, float]] = {}
+
+    @staticmethod
+    def _scenario_prefill_opts(cfg: RunConfig, p: Profile) -> PrefillOptimisations:
+        """Profile `prefill_optimisations`, overridden by PerfSpec fields `bounded_replay`,
+        `large_pages`, `deepselect` when the scenario sets them (read defensively: older
+        PerfSpec versions do not have them)."""
+        opts = dict(p.setting("prefill_optimisations") or {})
+        for name in ("bounded_replay", "large_pages", "deepselect"):
+            value = getattr(cfg.perf, name, None)
+            if value is not None:
+                opts[name] = bool(value)
+        return PrefillOptimisations(**opts)
 
     # -- EPLB -------------------------------------------------------------------------------
     def _eplb_state(self, shape: MoeShape, which: str, seed: int) -> EplbState:

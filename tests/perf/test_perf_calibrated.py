@@ -151,3 +151,18 @@ def test_tensor_parallel_decode_and_prefill() -> None:
     pre = CalibratedStepModel(cfg, "prefill", profile=PROFILE)
     b = pre.prefill_step(PrefillBatch(8192, 8192, 1, 8192, 2))
     assert b.moe > 0 and b.comm > 0 and b.sync == 0.0
+
+
+def test_scenario_perf_fields_override_profile_settings() -> None:
+    """PerfSpec.lagged_ranks / bounded_replay / large_pages / deepselect, when present."""
+    from types import SimpleNamespace
+
+    cfg = operating_point(prefill_gpus=2, profile=DEFAULT_PROFILE)
+    perf = SimpleNamespace(**cfg.perf.model_dump(), lagged_ranks=1, bounded_replay=False,
+                           large_pages=None, deepselect=False)
+    fields = {k: getattr(cfg, k) for k in type(cfg).model_fields if k != "perf"}
+    fake = SimpleNamespace(**fields, perf=perf)
+    m = CalibratedStepModel(fake, "prefill", profile=PROFILE)  # type: ignore[arg-type]
+    assert m.straggler.lagged == 1
+    assert m.prefill_opts == PrefillOptimisations(bounded_replay=False, large_pages=True,
+                                                  deepselect=False)
