@@ -61,7 +61,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--connect-timeout-s", type=float, default=5.0)
     r.add_argument("--max-requests", type=int, default=5000)
     r.add_argument("--max-duration-s", type=float, default=3600.0)
-    r.add_argument("--scrape-interval-s", type=float, default=2.0)
+    r.add_argument("--scrape-interval-s", type=float, default=5.0,
+                   help="seconds between /metrics scrapes during the run")
+    r.add_argument("--server-log", type=Path, default=None,
+                   help="the server's log file (local servers): the run's byte range is "
+                        "kept in run.json so `fit --source log` ingests only this run")
     r.add_argument("--resume", action="store_true",
                    help="continue the run in --out: re-send only requests without a "
                         "successful record")
@@ -74,9 +78,11 @@ def _parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser("fit", help="fit a step-time profile")
     f.add_argument("--run", type=Path, required=True, help="driver run directory")
+    f.add_argument("--source", choices=("log", "records"), default="records",
+                   help="log: fit the server's iteration lines (from --log, or the byte "
+                        "ranges `run --server-log` kept); records: black-box, records only")
     f.add_argument("--log", type=Path, default=None,
-                   help="server log of the same run: fit on its iteration lines "
-                        "(without it: black-box fit on the records alone)")
+                   help="server log of the same run (with --source log)")
     f.add_argument("--log-start", type=int, default=0, help="byte offset of the run in --log")
     f.add_argument("--log-end", type=int, default=None)
     f.add_argument("--out", type=Path, default=None,
@@ -155,7 +161,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     ReplayDriver(sessions, settings, args.out)  # validates before anything is written
     wfile.write_text(json.dumps(doc, indent=1))
+    if args.server_log is not None and not args.server_log.is_file():
+        raise BadInput(f"--server-log: no such file {args.server_log}")
+    log_start = args.server_log.stat().st_size if args.server_log else None
     out = run_driver(sessions, settings, args.out)
+    if args.server_log is not None:
+        time.sleep(1.0)  # the server logs a step's line just after the step
+        meta_path = args.out / "run.json"
+        meta = json.loads(meta_path.read_text())
+        meta.setdefault("server_log", []).append(
+            {"path": str(args.server_log.resolve()), "start_byte": log_start,
+             "end_byte": args.server_log.stat().st_size})
+        meta_path.write_text(json.dumps(meta, indent=1))
     print(f"racksim-validate: {out.sent} sent, {out.failed} failed, {out.skipped} skipped "
           f"(already done); stopped: {out.stop_reason}; records: {out.records_path}")
     return EXIT_ERRORS if out.stop_reason == "max_errors" else EXIT_OK
@@ -195,10 +212,20 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     from rackSim.validate.ingest import load_driver_run, read_iteration_log
 
     recs, _, _ = load_driver_run(args.run)
-    if args.log is not None:
-        steps = read_iteration_log(args.log, args.log_start, args.log_end)
+    if args.source == "log":
+        if args.log is not None:
+            ranges = [(args.log, args.log_start, args.log_end)]
+        else:
+            meta = json.loads((args.run / "run.json").read_text())
+            ranges = [(Path(r["path"]), r["start_byte"], r["end_byte"])
+                      for r in meta.get("server_log", [])]
+            if not ranges:
+                raise BadInput("fit --source log: give --log SERVER.LOG (the run kept no "
+                               "server log range; use `run --server-log` next time)")
+        steps = [row for path, a, b in ranges for row in read_iteration_log(path, a, b)]
         prof = fit_iteration_log(steps, _shape(args), records=recs,
-                                 inputs=[str(args.log), str(args.run)])
+                                 inputs=[f"{p}[{a}:{b}]" for p, a, b in ranges]
+                                 + [str(args.run)])
     else:
         prof = fit_driver_records(recs, _shape(args), inputs=[str(args.run)])
     out = args.out or args.run / f"profile-{prof.source}.yaml"

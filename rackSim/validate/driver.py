@@ -61,7 +61,7 @@ class DriverSettings:
     seed: int = 0
     model: str | None = None
     policy: ErrorPolicy = field(default_factory=ErrorPolicy)
-    scrape_interval_s: float = 2.0
+    scrape_interval_s: float = 5.0
     max_requests: int = 5000
     max_duration_s: float = 3600.0
     vocab_size: int = 32_000

@@ -4,10 +4,11 @@ profile fitted at one concurrency predicts another.
 Stated tolerances (errors are (predicted - measured) / measured):
 - counters: the server's own /metrics counters and iteration log equal the driver's records
   exactly (tokens are integers; nothing is lost or double counted);
-- prediction from the iteration-log profile: TTFT P50 and throughput within 50 %, ITL P50
-  within 50 %; from the black-box profile: throughput within 50 %. These are loose because the
-  machine has two cores shared with the client and other test runs; the measured errors are
-  printed (run with -s) and written next to the runs.
+- prediction of the other concurrency from the iteration-log profile: TTFT P50, ITL P50 and
+  throughput within 50 %; from the black-box profile: ITL P50 and throughput within 50 %.
+  P90s are reported, not asserted: on a two-core machine shared by the server, its API
+  process, the client and other work, tails are dominated by scheduling stalls of up to a
+  second that no server model predicts. The measured errors are printed (run with -s).
 """
 
 from __future__ import annotations
@@ -121,4 +122,5 @@ def test_fit_on_low_predicts_high(measured_runs, tmp_path):
     for key in ("ttft_p50_ms", "itl_p50_ms", "throughput_tok_s_gpu"):
         assert not math.isnan(log_err[key])
         assert abs(log_err[key]) < 50, (key, log_err[key])
-    assert abs(results["driver_records"]["throughput_tok_s_gpu"]) < 50
+    for key in ("itl_p50_ms", "throughput_tok_s_gpu"):
+        assert abs(results["driver_records"][key]) < 50, (key, results["driver_records"][key])
