@@ -34,19 +34,21 @@ class PrefillInstance:
         self.on_prefilled, self.on_step = on_prefilled, on_step
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
-        self.queued_tokens = 0  # uncached prompt tokens not yet computed (routing signal)
+        self.queued_tokens = 0  # prompt tokens still to compute, as estimated at submission
         self.steps = 0
         self._wake: simpy.Event | None = None
         env.process(self._loop())
 
     def estimated_uncached(self, job: Job) -> int:
+        """Prompt tokens this instance would compute for `job` if it started now."""
         gpu, host = self.cache.lookup(job.path)
-        return job.prompt_tokens - (gpu + host) * BLOCK_TOKENS
+        return max(1, job.prompt_tokens - (gpu + host) * BLOCK_TOKENS)
 
     def submit(self, job: Job) -> None:
         job.rec.prefill_instance = self.index
+        job.computed = job.prompt_tokens - self.estimated_uncached(job)  # refined at _start
         self.waiting.append(job)
-        self.queued_tokens += job.prompt_tokens
+        self.queued_tokens += job.prompt_tokens - job.computed
         if self._wake is not None:
             self._wake.succeed()
             self._wake = None
@@ -54,11 +56,11 @@ class PrefillInstance:
     def _start(self, job: Job) -> None:
         gpu, host = self.cache.lookup(job.path)
         cached = min((gpu + host) * BLOCK_TOKENS, job.prompt_tokens - 1)
-        job.computed = cached
         job.host_blocks = max(0, min(host, cached // BLOCK_TOKENS - gpu))
         job.rec.cached_tokens = cached
         job.rec.prefill_start_s = self.env.now
-        self.queued_tokens -= cached
+        self.queued_tokens -= cached - job.computed  # correct the estimate made at submit
+        job.computed = cached
         self.cache.gpu.pin(job.path)
 
     def _schedule(self) -> tuple[list[tuple[Job, int]], PrefillBatch]:

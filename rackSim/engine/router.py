@@ -1,10 +1,10 @@
 """Routes each request to a prefill instance.
 
 round_robin: in turn. least_loaded: fewest queued prompt tokens. session_affinity: the instance
-that served the session before (first time: least loaded). prefix_affinity (cache-aware with
-a balance threshold, as production routers do): among instances whose queue is within
-BALANCE_REL of the shortest queue (or one step's token budget of it, whichever is more), the
-one holding the longest cached prefix of the prompt; ties go to the shorter queue.
+that served the session before (first time: least loaded). prefix_affinity: least work, the
+instance where queued work plus this request's uncached tokens *there* is smallest, so a
+cached prefix keeps its session unless the queue elsewhere is shorter by more than the work
+of recomputing that prefix.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 from rackSim.engine.prefill import PrefillInstance
 from rackSim.engine.request import Job
 
-BALANCE_REL = 1.25  # ASSUMED: queue imbalance tolerated to keep a request on its cached prefix
 POLICIES = ("round_robin", "least_loaded", "session_affinity", "prefix_affinity")
 
 
@@ -40,7 +39,5 @@ class Router:
             if inst is None:
                 inst = self._sticky[key] = self._least_loaded()
             return inst
-        shortest = min(p.queued_tokens for p in self.instances)
-        return min((p for p in self.instances
-                    if p.queued_tokens <= max(shortest * BALANCE_REL, shortest + p.step_tokens)),
-                   key=lambda p: (p.estimated_uncached(job), p.queued_tokens, p.index))
+        return min(self.instances,
+                   key=lambda p: (p.queued_tokens + p.estimated_uncached(job), p.index))
