@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +31,15 @@ def _read(group: str, name: str) -> dict[str, Any]:
     return {k: v for k, v in data.items() if not k.startswith("_")}
 
 
+@lru_cache(maxsize=256)
 def operating_point(*, hardware: str = "gb300_nvl72", decode_gpus: int = 32,
                     prefill_gpus: int = 2, eplb: bool = True, redundant_experts: int = 0,
                     allreduce: str = "recursive_doubling", profile: Path | None = None,
                     model: str = "deepseek_v4_1_flash",
                     deployment: str = "agentx_p8_dep32") -> RunConfig:
     """A validated RunConfig for one layout: one prefill instance of `prefill_gpus` GPUs and
-    one decode instance of `decode_gpus` GPUs (so any DEP width up to 64 fits one rack)."""
+    one decode instance of `decode_gpus` GPUs (so any DEP width up to 64 fits one rack).
+    Cached: RunConfig is frozen, and fits evaluate the same points many times."""
     dep = _read("deployment", deployment)
     dep["prefill"] = {**dep["prefill"], "instances": 1, "gpus_per_instance": prefill_gpus}
     dep["decode"] = {**dep["decode"], "gpus": decode_gpus}

@@ -166,3 +166,19 @@ def test_scenario_perf_fields_override_profile_settings() -> None:
     assert m.straggler.lagged == 1
     assert m.prefill_opts == PrefillOptimisations(bounded_replay=False, large_pages=True,
                                                   deepselect=False)
+
+
+def test_rearrangement_copies_cost_only_while_in_flight() -> None:
+    """EPLB rearrangement: the weight copies' HBM traffic is charged to the MoE time of the
+    steps right after the rearrangement, and to no other step."""
+    m = _model(32, eplb_enabled=True)
+    interval = m.cfg.deployment.eplb.interval_steps
+    before = m.decode_step(_batch(32, step=interval - 1))
+    assert m.eplb_target is not None and m.eplb_target.rearrangements == 0
+    at = m.decode_step(_batch(32, step=interval))
+    assert m.eplb_target.rearrangements == 1 and m.eplb_target.last_moved_bytes > 0
+    moved_ms = 2.0 * m.eplb_target.last_moved_bytes / m._hbm_ms
+    later = m.decode_step(_batch(32, step=interval + 500))
+    assert at.moe > later.moe
+    assert at.moe - later.moe <= moved_ms + 1.0  # at most the whole copy, plus drift
+    assert at.moe > before.moe - 1.0
