@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import socket
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -131,6 +133,7 @@ def run_sweep_job(tree: Mapping[str, Any], job_dir: Path, sweep_dir: Path,
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / ERROR_RECORD).unlink(missing_ok=True)
     record: dict[str, Any] = {"overrides": overrides, "status": "running",
+                              "host": socket.gethostname(), "pid": os.getpid(),
                               "started_at": time.time()}
     (job_dir / JOB_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     try:

@@ -1,0 +1,1 @@
+"""rackSim's Hydra launcher on Ray: `racksim -m hydra/launcher=racksim_ray ...`."""
