@@ -87,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--log-end", type=int, default=None)
     f.add_argument("--out", type=Path, default=None,
                    help="profile YAML (default: RUN/profile-<source>.yaml)")
+    f.add_argument("--refine", action="store_true",
+                   help="then set api_overhead_ms / overhead_ms so that the colocated model "
+                        "reproduces this run's TTFT P50 / ITL P50 (rackSim.validate.refine)")
     _server_shape_args(f)
 
     c = sub.add_parser("compare", help="simulate a run's workload with a profile and compare")
@@ -228,6 +231,16 @@ def _cmd_fit(args: argparse.Namespace) -> int:
                                  + [str(args.run)])
     else:
         prof = fit_driver_records(recs, _shape(args), inputs=[str(args.run)])
+    if args.refine:
+        from rackSim.validate.compare import summarize_run
+        from rackSim.validate.ingest import load_driver_run as _load
+        from rackSim.validate.refine import refine_overheads
+        from rackSim.workload.sources import load_sessions
+
+        wl, seed = _load_run_workload(args.run)
+        recs, t0, t1 = _load(args.run)
+        prof = refine_overheads(prof, load_sessions(wl, seed), wl.replay, seed,
+                                summarize_run(recs, t0, t1, "measured").summary)
     out = args.out or args.run / f"profile-{prof.source}.yaml"
     prof.to_yaml(out)
     res = prof.residuals["all"]

@@ -19,6 +19,7 @@ from rackSim.validate.fit import (
     fit_driver_records,
     fit_iteration_log,
 )
+from rackSim.validate.refine import refine_overheads
 from rackSim.validate.step_model import MeasuredStepModel
 from rackSim.validate.workloads import cpu_tiny_workload
 from rackSim.workload.sources import load_sessions
@@ -99,6 +100,23 @@ def test_blackbox_fit_recovers_simulated_server():
     for key in ("ttft_p50_ms", "throughput_tok_s_gpu", "itl_p50_ms"):
         assert b[key] == pytest.approx(a[key], rel=0.15), key
     assert set(prof.coeffs) == set(COEFFS)
+
+
+def test_refine_recovers_overheads():
+    """Records simulated with known overheads; a profile with the right step coefficients but
+    zero overheads is refined on them and reproduces TTFT P50 and ITL P50 within 5 %."""
+    truth = Profile(coeffs=dict(TRUE), overhead_ms=1.5, api_overhead_ms=20.0)
+    wl = cpu_tiny_workload(3, window_s=20.0)
+    sessions = load_sessions(wl, 2)
+    sim = simulate_colocated(sessions, wl.replay, truth, seed=2)
+    measured = summarize_run(sim.records, sim.window_start_s, sim.window_end_s, "m").summary
+    start = Profile(coeffs=dict(TRUE))
+    got = refine_overheads(start, sessions, wl.replay, 2, measured)
+    reached = got.provenance["refined"]["reached"]
+    assert reached["ttft_p50_ms"] == pytest.approx(measured["ttft_p50_ms"], rel=0.05)
+    assert reached["itl_p50_ms"] == pytest.approx(measured["itl_p50_ms"], rel=0.05)
+    assert got.api_overhead_ms == pytest.approx(20.0, rel=0.25)
+    assert got.overhead_ms == pytest.approx(1.5, rel=0.25)
 
 
 def test_delivery_gaps():
