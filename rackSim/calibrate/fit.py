@@ -143,8 +143,12 @@ def _fit_stage(p: Profile, names: list[str], residual: Callable[[Profile], np.nd
             best = res
     assert best is not None
     out = p.with_values(dict(zip(names, best.x, strict=True)))
-    for n in names:
+    for n, v in zip(names, best.x, strict=True):
         out.params[n].update(unit=START[n][3], fitted_to=fitted_to, source=source)
+        lo_n, hi_n = START[n][1], START[n][2]
+        if min(v - lo_n, hi_n - v) <= 1e-6 * (hi_n - lo_n):
+            # a bound, not the data, set this value: flag it for readers of the profile
+            out.params[n]["at_bound"] = f"[{lo_n}, {hi_n}]"
     return out
 
 
@@ -282,12 +286,35 @@ def calibrate(previous: Profile | None, use_aic: bool, log: Callable[[str], None
         log("--no-aic: kernel parameters stay at their initial guesses (not fitted)")
     p = fit_published(p, log)
     p.residuals = fit_table(p)
+    _record_quality(p)
     p.meta = {"hardware": "GB300-NVL72", "model": "DeepSeek-V4.1-Flash",
               "created_by": "racksim-calibrate (rackSim.calibrate.command)",
               "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
               "figures": "calibration/published_figures.csv",
               "operating_points": "calibration/targets__gb300__deepseek_v4_1_flash.yaml"}
     return p
+
+
+def _record_quality(p: Profile) -> None:
+    """Give each parameter the fit quality of the data it was fitted to: the largest |relative
+    error| among its published figures, or the kernel-table median/p90 |error|."""
+    errors: dict[str, list[float]] = {}
+    for row in p.residuals:
+        if isinstance(row["error"], float):
+            fid = str(row["figure"]).split(".")[0].split("@")[0]
+            errors.setdefault(fid, []).append(abs(row["error"]))
+    moe, idx = p.kernel_fit.get("moe", {}), p.kernel_fit.get("indexer", {})
+    for entry in p.params.values():
+        tags = entry.get("fitted_to") or []
+        if any(str(t).startswith("aic:moe") for t in tags) and moe:
+            entry["fit_quality"] = {"median_abs_err": moe["fit_median_abs_err"],
+                                    "p90_abs_err": moe["fit_p90_abs_err"]}
+        elif any(str(t).startswith("aic:dsv4") for t in tags) and idx:
+            entry["fit_quality"] = {"median_abs_err": idx["median_abs_err"]}
+        else:
+            errs = [e for t in tags for e in errors.get(str(t), [])]
+            if errs:
+                entry["fit_quality"] = {"max_abs_err_of_figures": max(errs)}
 
 
 def format_table(rows: list[dict[str, object]]) -> str:

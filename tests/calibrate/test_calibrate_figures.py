@@ -73,5 +73,6 @@ def test_every_fitted_parameter_records_its_source() -> None:
     for name, entry in p.params.items():
         assert entry["fitted_to"], name
         assert entry["source"] and "initial guess" not in entry["source"], name
+        assert entry["fit_quality"], name
     for name, entry in p.constants.items():
         assert entry["source"], name
