@@ -90,6 +90,8 @@ class DecodeInstance:
 
     # -- the step loop ---------------------------------------------------------------------
     def _admit(self) -> tuple[list[Job], float, int]:
+        if not self.ready:
+            return [], 0.0, 0
         admitted: list[Job] = []
         stall = [0.0] * self.ranks if self.read_ms else None
         prompt_tokens = 0
@@ -150,8 +152,7 @@ class DecodeInstance:
             emitted = self._emit(admitted, retiring, n_running, dur, end)
             self.on_step("decode", self.step, start, cost, 0, 0, n_running, emitted,
                          sum(self.ctx), len(admitted))
-            for r in range(self.ranks):
-                self.ctx[r] += a * self.n_req[r]
+            self.ctx = [c + a * n for c, n in zip(self.ctx, self.n_req, strict=True)]
             for job in retiring:
                 self._retire(job, end)
             self.step += 1

@@ -44,9 +44,12 @@ class PrefillInstance:
         gpu, host = self.cache.lookup(job.path)
         return max(1, job.prompt_tokens - (gpu + host) * BLOCK_TOKENS)
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Job, uncached: int | None = None) -> None:
+        """Queue `job`; `uncached` is its estimated uncached tokens here, if already known."""
         job.rec.prefill_instance = self.index
-        job.computed = job.prompt_tokens - self.estimated_uncached(job)  # refined at _start
+        if uncached is None:
+            uncached = self.estimated_uncached(job)
+        job.computed = job.prompt_tokens - uncached  # refined at _start
         self.waiting.append(job)
         self.queued_tokens += job.prompt_tokens - job.computed
         if self._wake is not None:

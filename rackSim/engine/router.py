@@ -26,18 +26,31 @@ class Router:
     def _least_loaded(self) -> PrefillInstance:
         return min(self.instances, key=lambda p: (p.queued_tokens, p.index))
 
-    def route(self, job: Job) -> PrefillInstance:
+    def route(self, job: Job) -> tuple[PrefillInstance, int | None]:
+        """The instance for `job`, and its uncached tokens there when the policy computed them."""
         if self.policy == "round_robin":
             inst = self.instances[self._next % len(self.instances)]
             self._next += 1
-            return inst
+            return inst, None
         if self.policy == "least_loaded":
-            return self._least_loaded()
+            return self._least_loaded(), None
         if self.policy == "session_affinity":
             key = job.inst.key_base
             inst = self._sticky.get(key)
             if inst is None:
                 inst = self._sticky[key] = self._least_loaded()
-            return inst
-        return min(self.instances,
-                   key=lambda p: (p.queued_tokens + p.estimated_uncached(job), p.index))
+            return inst, None
+        return self._least_work(job)
+
+    def _least_work(self, job: Job) -> tuple[PrefillInstance, int]:
+        """Branch and bound: uncached work is >= 1 token, so an instance whose queue alone
+        reaches the best total so far cannot win and its cache is not consulted."""
+        best, best_total, best_uncached = None, None, 0
+        for p in sorted(self.instances, key=lambda p: (p.queued_tokens, p.index)):
+            if best_total is not None and p.queued_tokens >= best_total:
+                break
+            uncached = p.estimated_uncached(job)
+            total = p.queued_tokens + uncached
+            if best_total is None or total < best_total:
+                best, best_total, best_uncached = p, total, uncached
+        return best, best_uncached

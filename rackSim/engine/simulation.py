@@ -123,7 +123,8 @@ class Simulation:
 
     # -- wiring ----------------------------------------------------------------------------
     def _submit(self, job: Job) -> None:
-        self.router.route(job).submit(job)
+        instance, uncached = self.router.route(job)
+        instance.submit(job, uncached)
 
     def _prefilled(self, job: Job) -> None:
         rank, hit_blocks = self.decode.choose_rank(job)
