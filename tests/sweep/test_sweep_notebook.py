@@ -1,0 +1,43 @@
+"""`notebooks/dep_widths.ipynb` runs top to bottom with nbclient (small scenarios) and is
+committed without outputs."""
+
+from __future__ import annotations
+
+import json
+
+import nbformat
+from nbclient import NotebookClient
+
+from rackSim.config.scenarios import SCENARIOS_DIR
+
+ROOT = SCENARIOS_DIR.parent
+NOTEBOOK = ROOT / "notebooks" / "dep_widths.ipynb"
+
+
+def test_committed_without_outputs():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.outputs == [] and c.execution_count is None for c in code)
+    prose = [c for c in nb.cells if c.cell_type == "markdown"]
+    assert len(prose) >= 6  # a paragraph before each figure
+
+
+def test_runs_top_to_bottom(monkeypatch):
+    monkeypatch.setenv("RACKSIM_NOTEBOOK_SMALL", "1")
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    figures = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(figures) == 5  # breakdown, stragglers, EPLB, all-reduce, throughput/interactivity
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("CHECKS ")]
+    checks = json.loads(line.removeprefix("CHECKS "))
+    assert checks["recursive_doubling_sync_le_ring"] is True
+    assert checks["eplb_on_step_le_off"] is True
+    assert checks["max_delay_grows_with_ranks"] is True
+    assert checks["lagged_rank_adds_delay"] is True
+    assert checks["simulations"] == 6
+    assert 1 <= checks["pareto_points"] <= 6
