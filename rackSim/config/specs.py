@@ -259,6 +259,15 @@ class PerfSpec(StrictModel):
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
     flops_efficiency: float = Field(default=0.6, gt=0, le=1)
     weight_dtype: str = "fp4"
+    lagged_ranks: int = Field(default=0, ge=0, description=(
+        "ranks per instance whose CPU lags by the profile's straggler_lag_us per sync point"))
+    bounded_replay: bool | None = Field(default=None, description=(
+        "prefill: replay at most 128 cached tokens through the first 20 layers "
+        "(None = the profile's setting)"))
+    large_pages: bool | None = Field(default=None, description=(
+        "prefill: 2 MB GPU pages for shared host tables (None = the profile's setting)"))
+    deepselect: bool | None = Field(default=None, description=(
+        "prefill: DeepSelect top-k in the indexer (None = the profile's setting)"))
 
     @model_validator(mode="after")
     def _check(self) -> PerfSpec:

@@ -122,9 +122,7 @@ class CalibratedStepModel:
         self._replay_baseline = p.value("replay_tokens_baseline")
         self._tlb = p.value("tlb_overhead")
         self._topk_ns = p.value("topk_ns_per_candidate")
-        if lagged_ranks is None:  # PerfSpec.lagged_ranks when the scenario has it
-            lagged_ranks = getattr(cfg.perf, "lagged_ranks", None)
-        lag = int(p.setting("lagged_ranks", 0) if lagged_ranks is None else lagged_ranks)
+        lag = cfg.perf.lagged_ranks if lagged_ranks is None else lagged_ranks
         sync_points = m.num_layers if role == "prefill" else int(
             p.setting("decode_sync_points", 1))
         self._absorb = p.value("straggler_absorb")
@@ -159,11 +157,10 @@ class CalibratedStepModel:
     @staticmethod
     def _scenario_prefill_opts(cfg: RunConfig, p: Profile) -> PrefillOptimisations:
         """Profile `prefill_optimisations`, overridden by PerfSpec fields `bounded_replay`,
-        `large_pages`, `deepselect` when the scenario sets them (read defensively: older
-        PerfSpec versions do not have them)."""
+        `large_pages`, `deepselect` when the scenario sets them."""
         opts = dict(p.setting("prefill_optimisations") or {})
         for name in ("bounded_replay", "large_pages", "deepselect"):
-            value = getattr(cfg.perf, name, None)
+            value = getattr(cfg.perf, name)
             if value is not None:
                 opts[name] = bool(value)
         return PrefillOptimisations(**opts)
