@@ -154,15 +154,12 @@ def test_tensor_parallel_decode_and_prefill() -> None:
 
 
 def test_scenario_perf_fields_override_profile_settings() -> None:
-    """PerfSpec.lagged_ranks / bounded_replay / large_pages / deepselect, when present."""
-    from types import SimpleNamespace
-
+    """PerfSpec.lagged_ranks / bounded_replay / large_pages / deepselect override the profile;
+    None keeps the profile's setting."""
     cfg = operating_point(prefill_gpus=2, profile=DEFAULT_PROFILE)
-    perf = SimpleNamespace(**cfg.perf.model_dump(), lagged_ranks=1, bounded_replay=False,
-                           large_pages=None, deepselect=False)
-    fields = {k: getattr(cfg, k) for k in type(cfg).model_fields if k != "perf"}
-    fake = SimpleNamespace(**fields, perf=perf)
-    m = CalibratedStepModel(fake, "prefill", profile=PROFILE)  # type: ignore[arg-type]
+    perf = cfg.perf.model_copy(update={"lagged_ranks": 1, "bounded_replay": False,
+                                       "large_pages": None, "deepselect": False})
+    m = CalibratedStepModel(cfg.model_copy(update={"perf": perf}), "prefill", profile=PROFILE)
     assert m.straggler.lagged == 1
     assert m.prefill_opts == PrefillOptimisations(bounded_replay=False, large_pages=True,
                                                   deepselect=False)
