@@ -21,11 +21,11 @@ from rackSim.workload.sources import load_sessions
 pytestmark = pytest.mark.slow
 
 
-def _drive(url: str, out, window_s: float = 6.0, **kw):
+def _drive(url: str, out, window_s: float = 6.0, endpoints: list[str] | None = None, **kw):
     wl = cpu_tiny_workload(2, window_s=window_s, warmup=1, num_sessions=8)
     sessions = load_sessions(wl, 11)
-    return run_driver(sessions, DriverSettings(endpoints=[url], replay=wl.replay, seed=11, **kw),
-                      out)
+    return run_driver(sessions, DriverSettings(endpoints=endpoints or [url], replay=wl.replay,
+                                               seed=11, **kw), out)
 
 
 @pytest.fixture
@@ -96,3 +96,13 @@ def test_max_errors_stops_then_resume_completes(proxy, vllm_server, tmp_path):
     done = Counter(r["key"] for r in rows if r["error"] is None)
     assert max(done.values()) == 1  # no request succeeded twice
     assert out2.stop_reason == "window"
+
+
+@pytest.mark.parametrize("proxy", [lambda n: None], indirect=True)
+def test_two_endpoints_split_lanes(proxy, vllm_server, tmp_path):
+    """Lane i goes to endpoint i mod 2 (here the server directly and through the proxy)."""
+    out = _drive(vllm_server.url, tmp_path, endpoints=[vllm_server.url, proxy.url])
+    rows = read_record_rows(out.records_path)
+    by_lane = {(r["lane"], r["endpoint"]) for r in rows}
+    assert by_lane == {(0, vllm_server.url), (1, proxy.url)}
+    assert out.failed == 0 and proxy.completions == sum(r["lane"] == 1 for r in rows)

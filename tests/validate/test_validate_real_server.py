@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 from validate_support import HIGH, LOW
 
@@ -123,7 +124,8 @@ def _errors(fit_run, pred_run, tmp_path) -> dict[str, dict[str, float]]:
         tag = f"{name}-fit{fit_run.concurrency}-predict{pred_run.concurrency}"
         prof.to_yaml(tmp_path / f"profile-{tag}.yaml")
         df = compare_summaries(measured, _predict(pred_run, prof))
-        write_comparison(df, tmp_path / tag, tag)
+        csv, png = write_comparison(df, tmp_path / tag, tag)
+        assert len(pd.read_csv(csv)) == len(df) and png.stat().st_size > 10_000
         print(format_table(df, f"\n[{name}] fit at concurrency {fit_run.concurrency}, "
                                f"predict {pred_run.concurrency}"))
         out[name] = df.set_index("key")["error_pct"].to_dict()
