@@ -267,10 +267,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     wl, seed = _load_run_workload(args.run)
     prof = Profile.from_yaml(args.profile)
     recs, t0, t1 = load_driver_run(args.run)
-    sim = simulate_colocated(load_sessions(wl, seed), wl.replay, prof, seed=seed)
+    sessions = load_sessions(wl, seed)
+    sim = simulate_colocated(sessions, wl.replay, prof, seed=seed)
     df = compare_summaries(
-        summarize_run(recs, t0, t1, "measured").summary,
-        summarize_run(sim.records, sim.window_start_s, sim.window_end_s, "simulated").summary)
+        summarize_run(recs, t0, t1, "measured", sessions=sessions).summary,
+        summarize_run(sim.records, sim.window_start_s, sim.window_end_s, "simulated",
+                      sessions=sessions).summary)
     out = args.out or args.run / "compare"
     title = f"{args.run.name}: concurrency {wl.replay.concurrency}, profile {prof.source}"
     csv, png = write_comparison(df, out, title)

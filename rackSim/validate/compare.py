@@ -27,13 +27,14 @@ from rackSim.metrics.histogram import LatencyHistogram
 from rackSim.metrics.records import RequestRecord
 from rackSim.metrics.summary import Result, itl_from_token_times, summarize
 from rackSim.validate.colocated import ZERO_PRICING
+from rackSim.workload.graph import SessionGraph
 
 COALESCE_MS = 0.5
 ROWS = (("TTFT P50 (ms)", "ttft_p50_ms"), ("TTFT P90 (ms)", "ttft_p90_ms"),
         ("ITL P50 (ms)", "itl_p50_ms"), ("ITL P90 (ms)", "itl_p90_ms"),
         ("throughput (tok/s)", "throughput_tok_s_gpu"), ("output (tok/s)", "output_tok_s_gpu"),
         ("ITL raw P50 (ms)", "itl_raw_p50_ms"), ("ITL raw P90 (ms)", "itl_raw_p90_ms"),
-        ("cache hit rate", "cache_hit_rate"))
+        ("cache hit rate", "cache_hit_rate"), ("client lag mean (ms)", "client_lag_mean_ms"))
 HEADLINE = ("ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms", "throughput_tok_s_gpu")
 
 
@@ -71,14 +72,37 @@ def itl_from_deliveries(records: list[RequestRecord], t0: float, t1: float,
     return hist
 
 
+def client_lag_ms(records: list[RequestRecord], sessions: list[SessionGraph]) -> np.ndarray:
+    """Per request (ms): send - (last dependency's finish + its tool delay), i.e. how late the
+    client sent a ready request. 0 in the simulator; on a real machine it is the client's and
+    the API server's reaction time (the final chunk's delivery included)."""
+    graphs = {g.session_id: g for g in sessions}
+    done = {(r.session_key, r.rid): r for r in records
+            if r.phase != "primer" and not math.isnan(r.finish_s)}
+    out = []
+    for r in done.values():
+        g = graphs.get(r.session_id)
+        if g is None or r.rid >= len(g.requests):
+            continue
+        spec = g.requests[r.rid]
+        deps = [done.get((r.session_key, a)) for a in spec.after]
+        if spec.after and all(d is not None for d in deps):
+            out.append((r.send_s - max(d.finish_s for d in deps) - spec.delay_s) * 1e3)
+    return np.asarray(out)
+
+
 def summarize_run(records: list[RequestRecord], t0: float, t1: float, label: str,
-                  coalesce_ms: float = COALESCE_MS) -> Result:
-    """Summary of a measured or simulated run over [t0, t1) with both ITL views."""
+                  coalesce_ms: float = COALESCE_MS,
+                  sessions: list[SessionGraph] | None = None) -> Result:
+    """Summary of a measured or simulated run over [t0, t1) with both ITL views (and the
+    client's mean reaction lag when `sessions` are given)."""
     itl = itl_from_deliveries(records, t0, t1, coalesce_ms)
     raw = itl_from_token_times(records, t0, t1)
+    lag = client_lag_ms(records, sessions) if sessions is not None else np.zeros(0)
     return summarize(records, [], itl, t0, t1, 1, ZERO_PRICING,
                      {"source": label, "itl_raw_p50_ms": raw.percentile(50),
-                      "itl_raw_p90_ms": raw.percentile(90)})
+                      "itl_raw_p90_ms": raw.percentile(90),
+                      "client_lag_mean_ms": float(lag.mean()) if lag.size else math.nan})
 
 
 def compare_summaries(measured: dict, predicted: dict) -> pd.DataFrame:
@@ -86,7 +110,7 @@ def compare_summaries(measured: dict, predicted: dict) -> pd.DataFrame:
     rows = []
     for label, key in ROWS:
         m, p = float(measured.get(key, math.nan)), float(predicted.get(key, math.nan))
-        err = (p - m) / m * 100 if m and not math.isnan(m) else math.nan
+        err = (p - m) / m * 100 if m and not math.isnan(m) and not math.isnan(p) else math.nan
         rows.append({"metric": label, "key": key, "measured": m, "predicted": p,
                      "error_pct": err})
     return pd.DataFrame(rows)
@@ -96,7 +120,8 @@ def format_table(df: pd.DataFrame, title: str = "") -> str:
     lines = [title] if title else []
     lines.append(f"{'metric':<22}{'measured':>12}{'predicted':>12}{'error':>10}")
     for r in df.itertuples():
-        err = "n/a" if math.isnan(r.error_pct) else f"{r.error_pct:+.1f}%"
+        err = "n/a" if math.isnan(r.error_pct) or r.key == "client_lag_mean_ms" \
+            else f"{r.error_pct:+.1f}%"
         lines.append(f"{r.metric:<22}{r.measured:>12.2f}{r.predicted:>12.2f}{err:>10}")
     return "\n".join(lines)
 

@@ -263,7 +263,7 @@ class ReplayDriver:
         for info in self._infos:
             try:
                 samples = await scrape(client, info.url)
-                log.write(self.now(), info.url, label, samples)
+                await asyncio.to_thread(log.write, self.now(), info.url, label, samples)
             except (httpx.HTTPError, ValueError) as err:
                 log.write(self.now(), info.url, label, None, error=classify(err))
 

@@ -106,14 +106,15 @@ def test_iteration_log_matches_records(measured_runs):
 def _predict(run, profile):
     replay = ReplaySpec(**run.outcome.meta["replay"])
     sim = simulate_colocated(run.sessions, replay, profile, seed=run.seed)
-    return summarize_run(sim.records, sim.window_start_s, sim.window_end_s, "simulated").summary
+    return summarize_run(sim.records, sim.window_start_s, sim.window_end_s, "simulated",
+                         sessions=run.sessions).summary
 
 
 def _errors(fit_run, pred_run, tmp_path) -> dict[str, dict[str, float]]:
     recs_fit, f0, f1 = load_driver_run(fit_run.outcome.out_dir)
     steps_fit = read_iteration_log(fit_run.log_path, fit_run.log_start, fit_run.log_end)
     recs, t0, t1 = load_driver_run(pred_run.outcome.out_dir)
-    measured = summarize_run(recs, t0, t1, "measured").summary
+    measured = summarize_run(recs, t0, t1, "measured", sessions=pred_run.sessions).summary
     # black box: records only, then the overheads refined on the fitting run itself
     blackbox = refine_overheads(fit_driver_records(recs_fit), fit_run.sessions,
                                 ReplaySpec(**fit_run.outcome.meta["replay"]), fit_run.seed,
