@@ -252,9 +252,13 @@ class PricingSpec(StrictModel):
 
 
 class PerfSpec(StrictModel):
-    """Which step-time model prices the steps, and its calibration profile."""
+    """Which step-time model prices the steps, and its profile.
 
-    model: Literal["roofline", "calibrated"] = "roofline"
+    roofline: bytes and FLOPs with the efficiencies below. calibrated: the mechanistic model
+    with a profile fitted by racksim-calibrate. measured: a profile fitted from a real server's
+    steps or records by racksim-validate fit."""
+
+    model: Literal["roofline", "calibrated", "measured"] = "roofline"
     profile: Path | None = None
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
     flops_efficiency: float = Field(default=0.6, gt=0, le=1)
@@ -271,9 +275,9 @@ class PerfSpec(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> PerfSpec:
-        if self.model == "calibrated":
+        if self.model != "roofline":
             if self.profile is None:
-                raise ValueError("model 'calibrated' needs 'profile'")
+                raise ValueError(f"model '{self.model}' needs 'profile'")
             found = resolve_path(self.profile)
             if found is None:
                 raise ValueError(f"profile: no such file '{self.profile}'")

@@ -9,6 +9,10 @@ from rackSim.perf.step import COMPONENTS, DecodeBatch, PrefillBatch, StepBreakdo
 def build_step_model(cfg: RunConfig, role: str, seed: int = 0) -> StepModel:
     """A fresh step model for one instance (`role` is 'prefill' or 'decode'); `seed` drives
     its stochastic parts (stragglers, expert-popularity drift)."""
+    if cfg.perf.model == "measured":
+        from rackSim.validate.step_model import MeasuredStepModel
+
+        return MeasuredStepModel(cfg, role=role, seed=seed)
     if cfg.perf.model == "calibrated":
         from rackSim.perf.calibrated import CalibratedStepModel
 

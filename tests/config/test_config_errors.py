@@ -35,6 +35,7 @@ from rackSim.config import ConfigError, compose_scenario
     (["workload.source=jsonl", "+workload.path=/nonexistent/sessions.jsonl"],
      ["workload", "no such file", "/nonexistent/sessions.jsonl"]),
     (["perf.model=calibrated", "perf.profile=/nope.yaml"], ["perf", "no such file"]),
+    (["perf.model=measured", "perf.profile=null"], ["perf", "model 'measured' needs 'profile'"]),
     (["workload=mooncake_conversation", "workload.path=traces/missing.jsonl"],
      ["workload", "no such file", "traces/missing.jsonl"]),
     (["++workload.agentx.context_window=200000"], ["workload.agentx.context_window", "lower it"]),

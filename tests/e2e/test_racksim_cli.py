@@ -10,6 +10,7 @@ import time
 
 import pandas as pd
 import pytest
+from conftest import with_changes
 
 from rackSim.config import compose_scenario
 from rackSim.metrics.records import REQUEST_COLUMNS, STEP_COLUMNS
@@ -78,6 +79,23 @@ def test_speculation_shows_in_interactivity(smoke_cfg):
     expected = 3.25 * p90_step_ms(one) / p90_step_ms(base)
     assert ratio == pytest.approx(expected, rel=0.1)
     assert ratio > 2.5
+
+
+def test_measured_profile_prices_the_steps(smoke_cfg):
+    """A profile fitted from a real server (racksim-validate fit) drives the engine: its steps
+    cost what that profile says, not what the GB300 model says."""
+    measured = compose_scenario(["experiment=smoke", "progress=false", "perf.model=measured",
+                                 "perf.profile=calibration/cpu-tiny-moe__vllm-cpu.yaml",
+                                 "workload.replay.window_s=10"])
+    from rackSim.perf import build_step_model
+    from rackSim.validate.step_model import MeasuredStepModel
+
+    assert isinstance(build_step_model(measured, "decode"), MeasuredStepModel)
+    r = simulate(measured, progress=False)
+    gb300 = simulate(with_changes(smoke_cfg, workload={"replay": {"window_s": 10}}),
+                     progress=False)
+    assert r.summary["requests_finished"] > 0
+    assert r.summary["itl_p50_ms"] > 2 * gb300.summary["itl_p50_ms"]  # a CPU is slower
 
 
 def test_ctrl_c_writes_partial_results(tmp_path):
