@@ -28,6 +28,8 @@ LAYOUT_KEYS = ("deployment.decode.gpus", "deployment.prefill.instances",
                "deployment.prefill.parallelism", "deployment")
 MAX_LABELLED = 40
 MAX_CURVES = 12
+SHORT = {"concurrency": "c", "kv_load_cap_per_step": "cap", "mode": "kv",
+         "accepted_tokens_per_step": "acc", "max_num_seqs_per_rank": "seqs/rank"}
 
 
 def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -55,9 +57,14 @@ def point_labels(table: pd.DataFrame) -> list[str]:
     labels = []
     for _, row in table.iterrows():
         parts = [str(row.get("layout") or "?")]
-        parts += [f"{k.rsplit('.', 1)[-1]}={row[k]}" for k in extra]
+        parts += [f"{_short(k)}={row[k]}" for k in extra]
         labels.append(" ".join(parts))
     return labels
+
+
+def _short(key: str) -> str:
+    last = key.rsplit(".", 1)[-1]
+    return SHORT.get(last, last)
 
 
 def _ok(table: pd.DataFrame) -> pd.DataFrame:
@@ -73,9 +80,22 @@ def _save(fig: plt.Figure, path: Path) -> Path:
 
 def _annotate(ax: plt.Axes, x: np.ndarray, y: np.ndarray, labels: list[str],
               mask: np.ndarray) -> None:
+    """Label the masked points (to the left of points in the right third, so labels stay in
+    the axes); a label that would sit on top of one already placed (points within 3% of the
+    x and y ranges) is left out."""
+    x_min = float(np.min(x)) if len(x) else 0.0
+    span_x = max(np.ptp(x), 1e-9) if len(x) else 1.0
+    span_y = max(np.ptp(y), 1e-9) if len(y) else 1.0
+    placed: list[tuple[float, float]] = []
     for xi, yi, text, m in zip(x, y, labels, mask, strict=True):
-        if m:
-            ax.annotate(text, (xi, yi), xytext=(4, 4), textcoords="offset points", fontsize=7)
+        if not m or any(abs(xi - px) < 0.03 * span_x and abs(yi - py) < 0.03 * span_y
+                        for px, py in placed):
+            continue
+        placed.append((xi, yi))
+        left = (xi - x_min) / span_x > 0.67
+        a = ax.annotate(text, (xi, yi), xytext=(-4 if left else 4, 4), fontsize=7,
+                        textcoords="offset points", ha="right" if left else "left")
+        a.set_in_layout(False)
 
 
 def plot_pareto(table: pd.DataFrame, path: Path) -> Path:
@@ -90,7 +110,7 @@ def plot_pareto(table: pd.DataFrame, path: Path) -> Path:
         labelled = np.ones(len(ok), bool) if len(ok) <= MAX_LABELLED else front
         _annotate(ax, x, y, point_labels(ok), labelled)
         ax.legend()
-    ax.margins(x=0.15, y=0.08)
+    ax.margins(x=0.08, y=0.08)
     failed = int((table["status"] != "ok").sum())
     ax.set_xlabel("interactivity, 1 / P90 inter-token latency (tokens/s per user)")
     ax.set_ylabel("throughput (tokens/s per GPU)")
@@ -110,7 +130,7 @@ def plot_economics(table: pd.DataFrame, path: Path) -> Path:
             x, y = ok[X].to_numpy(float), ok[col].to_numpy(float)
             ax.scatter(x, y, color="tab:blue" if col.startswith("rev") else "tab:green")
             _annotate(ax, x, y, labels, np.full(len(ok), len(ok) <= MAX_LABELLED))
-            ax.margins(x=0.15, y=0.08)
+            ax.margins(x=0.08, y=0.08)
         if col.startswith("rev") and not ok.empty:
             for cost in sorted(ok["cost_usd_gpu_h"].dropna().unique()):
                 ax.axhline(cost, color="tab:red", ls="--", lw=1, label=f"GPU cost ${cost:.2f}/h")
@@ -188,9 +208,21 @@ def _itl_cdf(job: Path) -> tuple[np.ndarray, np.ndarray]:
     return h["hi_ms"].to_numpy(float), np.cumsum(w) / w.sum() if w.sum() else w
 
 
+def latency_scenarios(table: pd.DataFrame, n: int = MAX_CURVES) -> pd.DataFrame:
+    """At most `n` finished scenarios to draw: all if they fit, else Pareto-frontier scenarios
+    spread along the frontier, then the others in table order."""
+    ok = _ok(table)
+    if len(ok) <= n:
+        return ok
+    front = ok[pareto_front(ok[X], ok[Y])].sort_values(X)
+    if len(front) >= n:
+        return front.iloc[np.linspace(0, len(front) - 1, n).round().astype(int)]
+    return pd.concat([front, ok.drop(front.index).head(n - len(front))])
+
+
 def plot_latency_distributions(table: pd.DataFrame, sweep_dir: Path, path: Path) -> Path:
-    """CDFs of TTFT and ITL per scenario (the first MAX_CURVES, in table order)."""
-    ok = _ok(table).head(MAX_CURVES)
+    """CDFs of TTFT and ITL per scenario (at most MAX_CURVES, see `latency_scenarios`)."""
+    ok = latency_scenarios(table)
     labels = point_labels(ok)
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     colours = plt.get_cmap("tab10" if len(ok) <= 10 else "tab20").colors
@@ -216,7 +248,7 @@ def plot_latency_distributions(table: pd.DataFrame, sweep_dir: Path, path: Path)
     shown = len(ok)
     total = int((table["status"] == "ok").sum())
     if total > shown:
-        fig.suptitle(f"first {shown} of {total} scenarios", fontsize=9)
+        fig.suptitle(f"{shown} of {total} scenarios: Pareto-frontier ones first", fontsize=9)
     return _save(fig, path)
 
 

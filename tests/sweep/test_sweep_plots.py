@@ -10,7 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rackSim.report.command import main as plot_main
-from rackSim.report.sweep_plots import pareto_front, point_labels, varied_keys
+from rackSim.report.sweep_plots import (
+    latency_scenarios,
+    pareto_front,
+    point_labels,
+    varied_keys,
+)
 
 FIGURES = ("pareto.png", "economics.png", "decode_breakdown.png", "latency.png")
 
@@ -45,8 +50,22 @@ def test_frontier_of_the_sweep(joblib_sweep):
     assert front[np.argmax(ok["throughput_tok_s_gpu"].to_numpy())]
     assert varied_keys(table) == ["deployment.decode.gpus", "workload.replay.concurrency"]
     first = ok.iloc[0]
-    assert point_labels(ok)[0] == \
-        f"{first['layout']} concurrency={first['workload.replay.concurrency']}"
+    assert point_labels(ok)[0] == f"{first['layout']} c={first['workload.replay.concurrency']}"
+
+
+def test_latency_curves_prefer_the_frontier():
+    """Beyond 12 scenarios, the curves drawn are spread along the Pareto frontier."""
+    x = np.arange(30, dtype=float)
+    table = pd.DataFrame({"k": range(30), "status": "ok", "interactivity_tok_s": x,
+                          "throughput_tok_s_gpu": np.where(x % 2 == 0, 100 - x, 0.0)})
+    picked = latency_scenarios(table)
+    assert len(picked) == 12
+    front = pareto_front(table["interactivity_tok_s"], table["throughput_tok_s_gpu"])
+    assert front.sum() == 16  # 15 even points and the last (x=29, nothing to its right)
+    assert front[picked.index].all()
+    assert picked["interactivity_tok_s"].is_monotonic_increasing
+    assert picked.iloc[0]["k"] == 0 and picked.iloc[-1]["k"] == 29
+    assert len(latency_scenarios(table.head(5))) == 5
 
 
 def test_plots_command_draws_every_figure(joblib_sweep, tmp_path, capsys):
