@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test,sweep]'
+	$(VENV)/bin/pip install -q -e '.[test,sweep,aic]'
 	touch $(STAMP)
 
 .PHONY: venv run test bench lint
