@@ -13,6 +13,23 @@ import numpy as np  # noqa: E402
 from rackSim.metrics.summary import Result  # noqa: E402
 from rackSim.perf.step import COMPONENTS  # noqa: E402
 
+PERCENTILE_STYLES = ((50, "-"), (90, "--"), (99, ":"))
+
+
+def save_figure(fig: plt.Figure, path: Path) -> Path:
+    """Lay out, write as PNG and close `fig`."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def mark_percentiles(ax: plt.Axes, percentile) -> None:  # noqa: ANN001 - q -> value
+    """Vertical lines at P50 / P90 / P99, `percentile(q)` giving each value."""
+    for q, style in PERCENTILE_STYLES:
+        ax.axvline(percentile(q), color="k", ls=style, label=f"P{q}")
+    ax.legend()
+
 
 def plot_throughput(result: Result, path: Path) -> Path:
     ts = result.timeseries
@@ -25,10 +42,7 @@ def plot_throughput(result: Result, path: Path) -> Path:
     ax.set_ylabel("tokens/s per GPU")
     ax.set_title("Throughput over the measurement window")
     ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_latency(result: Result, path: Path) -> Path:
@@ -39,9 +53,7 @@ def plot_latency(result: Result, path: Path) -> Path:
         vals = win[col].dropna().to_numpy()
         if vals.size:
             ax.hist(vals, bins=60, color="tab:blue")
-            for q, style in ((50, "-"), (90, "--"), (99, ":")):
-                ax.axvline(np.percentile(vals, q), color="k", ls=style, label=f"P{q}")
-            ax.legend()
+            mark_percentiles(ax, lambda q, v=vals: np.percentile(v, q))
         ax.set_xlabel(f"{title} (ms)")
         ax.set_ylabel("requests")
         ax.set_title(title)
@@ -52,17 +64,12 @@ def plot_latency(result: Result, path: Path) -> Path:
     if nz.size:
         lo, hi = nz[0], nz[-1] + 1
         ax.stairs(h.weights[lo:hi], e[lo:hi + 1], fill=True, color="tab:orange")
-        for q, style in ((50, "-"), (90, "--"), (99, ":")):
-            ax.axvline(h.percentile(q), color="k", ls=style, label=f"P{q}")
+        mark_percentiles(ax, h.percentile)
         ax.set_xscale("log")
-        ax.legend()
     ax.set_xlabel("inter-token latency (ms)")
     ax.set_ylabel("tokens")
     ax.set_title("Inter-token latency (token-weighted)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_decode_breakdown(result: Result, path: Path) -> Path:
@@ -80,10 +87,7 @@ def plot_decode_breakdown(result: Result, path: Path) -> Path:
         ax.legend(ncol=5, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     ax.set_xlabel("mean decode step time (ms)")
     ax.set_title("Decode step breakdown")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_run(result: Result, out: Path) -> list[Path]:
