@@ -127,3 +127,33 @@ def test_table_command_on_a_dir_without_jobs_fails_clearly(tmp_path, capsys):
 def test_parse_overrides():
     assert parse_overrides(["+a.b=1", "c=0.5", "d=true", "e=push", "f=null", "g=1e3"]) == \
         {"a.b": 1, "c": 0.5, "d": True, "e": "push", "f": None, "g": 1000.0}
+
+
+def _job(sweep_dir, name, overrides, status="ok", finished_at=1.0, summary=None):
+    d = sweep_dir / name
+    d.mkdir(parents=True)
+    (d / "job.json").write_text(json.dumps({"overrides": overrides, "status": status,
+                                            "finished_at": finished_at, "layout": "L"}))
+    if summary is not None:
+        (d / "summary.json").write_text(json.dumps(summary))
+
+
+def test_table_from_hand_written_jobs(tmp_path):
+    """Group overrides that clash with summary keys, re-runs, mixed value types, bad files."""
+    _job(tmp_path, "0", ["deployment=a", "x=1"], summary={"deployment": "A", "m": 1.0})
+    _job(tmp_path, "1", ["deployment=b", "x=push"], summary={"deployment": "B", "m": 2.0})
+    _job(tmp_path, "2", ["deployment=a", "x=1"], finished_at=5.0,  # an older failed re-run
+         status="failed")
+    _job(tmp_path, "3", ["deployment=c", "x=2"], summary=None)  # ok but summary missing
+    (tmp_path / "4").mkdir()
+    (tmp_path / "4" / "job.json").write_text("{not json")
+    table = build_table(tmp_path)
+    assert list(table.columns[:2]) == ["deployment", "x"]
+    assert "result.deployment" in table.columns and "m" in table.columns
+    assert len(table) == 3  # the (a, 1) scenario once: its finished row wins over the failure
+    a = table[table["deployment"] == "a"].iloc[0]
+    assert (a["status"], a["job_dir"], a["result.deployment"], a["m"]) == ("ok", "0", "A", 1.0)
+    c = table[table["deployment"] == "c"].iloc[0]
+    assert c["status"] == "failed" and "summary.json" in c["error"]
+    assert table["x"].tolist() == ["1", "push", "2"]  # mixed int / str: kept as text
+    table.to_parquet(tmp_path / "t.parquet")  # and it fits Parquet
