@@ -20,6 +20,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
 
 from rackSim.perf.step import COMPONENTS  # noqa: E402
+from rackSim.report.plots import save_figure  # noqa: E402
 from rackSim.report.sweep_table import STATUS_COLUMNS  # noqa: E402
 
 X, Y = "interactivity_tok_s", "throughput_tok_s_gpu"
@@ -71,13 +72,6 @@ def _ok(table: pd.DataFrame) -> pd.DataFrame:
     return table[(table["status"] == "ok") & table[X].notna()].reset_index(drop=True)
 
 
-def _save(fig: plt.Figure, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def _annotate(ax: plt.Axes, x: np.ndarray, y: np.ndarray, labels: list[str],
               mask: np.ndarray) -> None:
     """Label the masked points (to the left of points in the right third, so labels stay in
@@ -117,7 +111,7 @@ def plot_pareto(table: pd.DataFrame, path: Path) -> Path:
     ax.set_title(f"Throughput vs interactivity: {len(ok)} scenarios"
                  + (f" ({failed} failed, not shown)" if failed else ""))
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_economics(table: pd.DataFrame, path: Path) -> Path:
@@ -141,7 +135,7 @@ def plot_economics(table: pd.DataFrame, path: Path) -> Path:
         ax.set_ylabel("$ per GPU-hour")
         ax.set_title(f"{title} per GPU-hour")
         ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_breakdown_by_width(table: pd.DataFrame, path: Path) -> Path:
@@ -152,7 +146,7 @@ def plot_breakdown_by_width(table: pd.DataFrame, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(10, 5.5))
     if ok.empty or not cols or "decode_gpus" not in ok.columns:
         ax.text(0.5, 0.5, "no decode breakdown in this table", ha="center", transform=ax.transAxes)
-        return _save(fig, path)
+        return save_figure(fig, path)
     ok = ok.sort_values("decode_gpus", kind="stable")
     per_width = ok["decode_gpus"].nunique() == len(ok) or len(ok) > MAX_LABELLED
     if per_width:
@@ -177,7 +171,7 @@ def plot_breakdown_by_width(table: pd.DataFrame, path: Path) -> Path:
                     ok["decode_gpus"].nunique() < len(ok) else ""))
     ax.legend(ncol=1, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _log_axis(ax: plt.Axes) -> None:
@@ -249,7 +243,7 @@ def plot_latency_distributions(table: pd.DataFrame, sweep_dir: Path, path: Path)
     total = int((table["status"] == "ok").sum())
     if total > shown:
         fig.suptitle(f"{shown} of {total} scenarios: Pareto-frontier ones first", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_sweep(table: pd.DataFrame, sweep_dir: Path, out: Path) -> list[Path]:
