@@ -86,9 +86,8 @@ class FaultProxy:
         if lines[0].startswith("POST /v1/completions"):
             self.completions += 1
             fault = self.decide(self.completions)
-            if fault is not None:
-                self.injected.append((self.completions, fault.kind))
         if fault is not None and fault.kind.startswith("http_"):
+            self.injected.append((self.completions, fault.kind))
             code = int(fault.kind[5:])
             msg = b'{"error": "injected by the fault proxy"}'
             writer.write(f"HTTP/1.1 {code} Injected\r\nContent-Type: application/json\r\n"
@@ -108,6 +107,8 @@ class FaultProxy:
                 if not chunk:
                     break
                 if fault is not None and sent + len(chunk) >= fault.after_bytes:
+                    # counted when applied: a response shorter than after_bytes is not cut
+                    self.injected.append((self.completions, fault.kind))
                     cut = max(0, fault.after_bytes - sent)
                     writer.write(chunk[:cut])
                     await writer.drain()
