@@ -46,7 +46,14 @@ def published_values(path: Path = FIGURES_CSV) -> dict[str, float]:
     out["E2.off"], out["E2.on"] = pair("E2")
     out["C1.ring"], out["C1.recursive_doubling"] = pair("C1")
     out["C2.baseline"], out["C2.optimised"] = pair("C2")
+    out["L1.standard"], out["L1.low_latency"] = pair("L1")
+    out["L2"] = float(rows["L2"]["value"])
     return out
+
+
+def accepted_tokens_per_step(path: Path = FIGURES_CSV) -> float:
+    """M7: accepted tokens per decode step (the forced-acceptance control of the L figures)."""
+    return float(read_figures(path)["M7"]["value"])
 
 
 @lru_cache(maxsize=1)
@@ -181,3 +188,34 @@ def predict_prefill_opts(profile: Profile) -> dict[str, float]:
     t0, t3, t4, t5 = (prefill_ms(*args, opts=o) for o in (none, p3, p4, p5))
     return {"P3": 100 * (t0 / t3 - 1), "P4": 100 * (t3 / t4 - 1), "P5": 100 * (t4 / t5 - 1),
             "P6": 100 * (t0 / t5 - 1)}
+
+
+# -- small-batch TP decode (L1, L2) ------------------------------------------------------------
+def low_latency_step_ms(profile: Profile, point: dict[str, Any], low_latency: bool) -> float:
+    """Expected decode step (ms) of a TP instance at an L-figure operating point (`point`: a
+    targets-file entry), on the standard or the specialised low-latency decode path."""
+    tp = int(point["tp"])
+    cfg = operating_point(hardware=point["hardware"], decode_gpus=tp, prefill_gpus=tp,
+                          parallelism="TP")
+    model = CalibratedStepModel(cfg, "decode", profile=profile, balancedness=(1.0, 1.0),
+                                low_latency_decode=low_latency)
+    c = int(point["concurrency"])
+    batch = DecodeBatch(requests_per_rank=[c],
+                        context_tokens_per_rank=[c * point["context_tokens"]],
+                        tokens_per_request=accepted_tokens_per_step(),
+                        draft_tokens=int(point["draft_tokens"]), new_loads=0,
+                        admitted_prompt_tokens=0, step_index=0)
+    return expected(model.decode_step(batch), model).total_ms
+
+
+def predict_low_latency(profile: Profile) -> dict[str, float]:
+    """L1: interactivity (tokens/s per user = accepted tokens per step / step time) on the
+    standard and the specialised path; L2: the specialised path's gain (%) at its point."""
+    t = targets()["low_latency"]
+    accepted = accepted_tokens_per_step()
+    l1 = {path: low_latency_step_ms(profile, t["L1"], path == "low_latency")
+          for path in ("standard", "low_latency")}
+    std, ll = (low_latency_step_ms(profile, t["L2"], on) for on in (False, True))
+    return {"L1.standard": accepted / l1["standard"] * 1e3,
+            "L1.low_latency": accepted / l1["low_latency"] * 1e3,
+            "L2": 100.0 * (std / ll - 1.0)}

@@ -10,6 +10,8 @@ Stages (each fits only the parameters its data constrain; later stages see earli
 5. stragglers (P1, P2): per-sync-point CPU jitter, the lag of a lagged rank and how much of
    it the rank's launch queue hides.
 6. prefill optimisations (P3-P5): unbounded replay length, 4 KB-page TLB overhead, top-k cost.
+7. small-batch TP decode (L1 both ends): exposed per-layer latency of the standard and of the
+   specialised low-latency decode kernels; L2 is predicted, not fitted.
 
 Stages 4-6 are run twice because they share the prefill/decode step they evaluate.
 Initial guesses below are starting points for the optimiser, not results.
@@ -61,6 +63,10 @@ START: dict[str, tuple[float, float, float, str]] = {
     "replay_tokens_baseline": (8192.0, 128.0, 131072.0, "tokens"),
     "tlb_overhead": (0.05, 0.0, 5.0, "fraction of gather time"),
     "topk_ns_per_candidate": (0.01, 0.0, 10.0, "ns per candidate logit"),
+    "tp_layer_latency_us_standard": (20.0, 0.0, 1000.0,
+                                     "us per layer executed (TP decode, standard path)"),
+    "tp_layer_latency_us_low_latency": (5.0, 0.0, 1000.0,
+                                        "us per layer executed (TP decode, specialised path)"),
 }
 
 
@@ -116,7 +122,7 @@ def start_profile(previous: Profile | None = None) -> Profile:
         else:
             p.set_param(k, x0, unit, [], "initial guess (not fitted)")
     p.settings = {"admission_optimised": True, "moe_dispatch": "alltoall", "moe_kernel": "megamoe",
-                  "decode_sync_points": 1, "lagged_ranks": 0,
+                  "decode_sync_points": 1, "lagged_ranks": 0, "low_latency_decode": True,
                   "prefill_optimisations": {"bounded_replay": True, "large_pages": True,
                                             "deepselect": True, "replay_layers": 20,
                                             "replay_tokens": 128}}
@@ -252,6 +258,12 @@ def fit_published(p: Profile, log: Callable[[str], None]) -> Profile:
                        lambda q: _rel(figures.predict_prefill_opts(q), pub, ["P3", "P4", "P5"]),
                        ["P3", "P4", "P5"], csv_src)
     log("fitted decode breakdown (D1-D5), stragglers (P1, P2), prefill toggles (P3-P5)")
+    # Last: the TP small-batch path shares the kernel/dense/all-reduce speeds fitted above and
+    # adds only its exposed per-layer latency (standard vs specialised kernels).
+    p = _fit_stage(p, ["tp_layer_latency_us_standard", "tp_layer_latency_us_low_latency"],
+                   lambda q: _rel(figures.predict_low_latency(q), pub,
+                                  ["L1.standard", "L1.low_latency"]), ["L1"], csv_src)
+    log("fitted small-batch TP decode latency (L1); L2 predicted")
     return p
 
 
@@ -264,6 +276,7 @@ def fit_table(p: Profile) -> list[dict[str, object]]:
     pred.update(figures.predict_cpu(p))
     pred.update(figures.predict_stragglers(p))
     pred.update(figures.predict_prefill_opts(p))
+    pred.update(figures.predict_low_latency(p))
     rows: list[dict[str, object]] = []
     for k, v in pred.items():
         ref = pub[k.split("@")[0]]

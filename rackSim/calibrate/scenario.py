@@ -36,13 +36,15 @@ def operating_point(*, hardware: str = "gb300_nvl72", decode_gpus: int = 32,
                     prefill_gpus: int = 2, eplb: bool = True, redundant_experts: int = 0,
                     allreduce: str = "recursive_doubling", profile: Path | None = None,
                     model: str = "deepseek_v4_1_flash",
-                    deployment: str = "agentx_p8_dep32") -> RunConfig:
+                    deployment: str = "agentx_p8_dep32", parallelism: str = "DEP") -> RunConfig:
     """A validated RunConfig for one layout: one prefill instance of `prefill_gpus` GPUs and
-    one decode instance of `decode_gpus` GPUs (so any DEP width up to 64 fits one rack).
+    one decode instance of `decode_gpus` GPUs (so any DEP width up to 64 fits one rack), both
+    with `parallelism` ('DEP' or 'TP').
     Cached: RunConfig is frozen, and fits evaluate the same points many times."""
     dep = _read("deployment", deployment)
-    dep["prefill"] = {**dep["prefill"], "instances": 1, "gpus_per_instance": prefill_gpus}
-    dep["decode"] = {**dep["decode"], "gpus": decode_gpus}
+    dep["prefill"] = {**dep["prefill"], "instances": 1, "gpus_per_instance": prefill_gpus,
+                      "parallelism": parallelism}
+    dep["decode"] = {**dep["decode"], "gpus": decode_gpus, "parallelism": parallelism}
     dep["eplb"] = {**dep["eplb"], "enabled": eplb, "redundant_experts": redundant_experts}
     dep["allreduce"] = allreduce
     perf: dict[str, Any] = {"model": "roofline", "profile": None}

@@ -45,15 +45,17 @@ class CalibratedStepModel:
 
     Optional overrides (None = take the scenario / profile value) exist so experiments can
     compare variants of one scenario: `eplb_enabled`, `allreduce`, `lagged_ranks`,
-    `prefill_opts`, and `balancedness` (a fixed value instead of the EPLB state, used when
-    fitting).
+    `prefill_opts`, `low_latency_decode` (the specialised small-batch decode kernels of a TP
+    instance instead of the standard path; profile setting `low_latency_decode`), and
+    `balancedness` (a fixed value instead of the EPLB state, used when fitting).
     """
 
     def __init__(self, cfg: RunConfig, role: str = "decode", seed: int = 0,
                  profile: Profile | None = None, *, eplb_enabled: bool | None = None,
                  allreduce: str | None = None, lagged_ranks: int | None = None,
                  prefill_opts: PrefillOptimisations | None = None,
-                 balancedness: tuple[float, float] | None = None):
+                 balancedness: tuple[float, float] | None = None,
+                 low_latency_decode: bool | None = None):
         if role not in ("prefill", "decode"):
             raise ValueError(f"role must be 'prefill' or 'decode', not '{role}'")
         self.cfg, self.role, self.seed = cfg, role, seed
@@ -110,6 +112,12 @@ class CalibratedStepModel:
         self._nvlink_ms = hw.nvlink_bw_bytes_s / MS * p.value("a2a_nvlink_efficiency")
         self._a2a_op_ms = p.value("a2a_op_us") / MS
         self._cpu_step_ms = p.value("cpu_step_ms")
+        #: TP decode: the specialised low-latency kernels (True) or the standard path (False)
+        self.low_latency_decode = bool(p.setting("low_latency_decode", True)
+                                       if low_latency_decode is None else low_latency_decode)
+        self._tp_layer_latency_ms = p.value(
+            "tp_layer_latency_us_low_latency" if self.low_latency_decode
+            else "tp_layer_latency_us_standard") / MS
         optimised = bool(p.setting("admission_optimised", True))
         self._admit_ns = p.value("admission_ns_per_token" if optimised
                                  else "admission_ns_per_token_baseline")
@@ -266,10 +274,15 @@ class CalibratedStepModel:
                  + max(self._dense_bytes / t / self._hbm_ms,
                        tokens * self._dense_flops / t / self._flops_ms))
         comm = self._tp_allreduce_ms(tokens, m.num_layers)
+        # Exposed per-layer latency of the small-batch decode path (launch gaps, latency-bound
+        # GEMVs and elementwise kernels, the all-reduce handshakes) beyond bytes / FLOPs: the
+        # standard path's or the specialised (fused, low-latency) kernels'. Charged per layer
+        # executed: target layers to `dense`, draft layers to `draft`.
+        dense += m.num_layers * self._tp_layer_latency_ms
         draft = 0.0
         if self.draft_shape is not None and batch.draft_tokens > 0:
             per = (self._moe_tp_ms(self.draft_shape, reqs)
-                   + self.draft_shape.layers * self._dense_kernel_ms
+                   + self.draft_shape.layers * (self._dense_kernel_ms + self._tp_layer_latency_ms)
                    + self._draft_dense_bytes / t / self._hbm_ms
                    + self._tp_allreduce_ms(reqs, self.draft_shape.layers))
             draft = batch.draft_tokens * per
