@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
+from itertools import repeat
+from operator import add, mul
 
 import simpy
 
@@ -55,6 +57,7 @@ class DecodeInstance:
         self.ready: deque[Job] = deque()
         self.n_req = [0] * ranks
         self.pending = [0] * ranks  # placed on the rank, KV not admitted yet
+        self.load = [0] * ranks     # n_req + pending, kept up to date (rank choice)
         self.ctx = [0.0] * ranks
         self.running: dict[int, Job] = {}
         self._finish: dict[int, list[Job]] = {}
@@ -70,14 +73,15 @@ class DecodeInstance:
         The rank that served the session last while it still holds the session's prefix and
         has a free slot (its KV need not move again); otherwise the least-loaded rank.
         """
-        load = [n + p for n, p in zip(self.n_req, self.pending, strict=True)]
+        load = self.load
         prev = self._affinity.get(job.inst.key_base)
         rank = None
         if prev is not None and load[prev] < self.max_seqs and self.caches[prev].lookup(job.path):
             rank = prev
-        if rank is None:
-            rank = min(range(self.ranks), key=lambda r: (load[r], r))
+        if rank is None:  # the first least-loaded rank, as min over (load, rank)
+            rank = min(range(self.ranks), key=load.__getitem__)
         self.pending[rank] += 1
+        load[rank] += 1
         return rank, self.caches[rank].lookup(job.path)
 
     def deliver(self, job: Job) -> None:
@@ -90,96 +94,116 @@ class DecodeInstance:
 
     # -- the step loop ---------------------------------------------------------------------
     def _admit(self) -> tuple[list[Job], float, int]:
-        if not self.ready:
-            return [], 0.0, 0
+        ready = self.ready
         admitted: list[Job] = []
         stall = [0.0] * self.ranks if self.read_ms else None
         prompt_tokens = 0
-        cap = self.load_cap if self.load_cap is not None else len(self.ready)
+        cap = self.load_cap if self.load_cap is not None else len(ready)
         skipped: list[Job] = []
-        while self.ready and len(admitted) < cap:
-            job = self.ready.popleft()
+        max_skipped = 4 * self.ranks
+        n_req, pending, ctx, caches = self.n_req, self.pending, self.ctx, self.caches
+        max_seqs, a, step, finish = self.max_seqs, self.a, self.step, self._finish
+        running, now = self.running, self.env.now
+        while ready and len(admitted) < cap:
+            job = ready.popleft()
             r = job.decode_rank
-            cache = self.caches[r]
-            full = job.inst.context_path(job.spec.rid)
-            if self.n_req[r] >= self.max_seqs or not cache.can_hold(full):
+            if n_req[r] >= max_seqs:
+                full = None
+            else:
+                full = job.inst.context_path(job.spec.rid)
+                cache = caches[r]
+                if not cache.can_hold(full):
+                    full = None
+            if full is None:
                 skipped.append(job)
-                if len(skipped) >= 4 * self.ranks:
+                if len(skipped) >= max_skipped:
                     break
                 continue
             cache.insert(full)
             cache.pin(full)
             job.path = full
-            steps = decode_steps(job.output_tokens, self.a)
-            job.steps, job.admit_step = steps, self.step
-            job.finish_step = self.step + steps - 1
-            self._finish.setdefault(job.finish_step, []).append(job)
-            self.n_req[r] += 1
-            self.pending[r] -= 1
-            self.ctx[r] += job.prompt_tokens
-            self.running[id(job)] = job
-            job.rec.decode_start_s = self.env.now
-            job.rec.decode_rank = r
+            steps = decode_steps(job.output_tokens, a)
+            job.steps, job.admit_step = steps, step
+            last = job.finish_step = step + steps - 1
+            retiring = finish.get(last)
+            if retiring is None:
+                finish[last] = [job]
+            else:
+                retiring.append(job)
+            n_req[r] += 1
+            pending[r] -= 1
+            ctx[r] += job.prompt_tokens
+            running[id(job)] = job
+            rec = job.rec
+            rec.decode_start_s = now
+            rec.decode_rank = r
             prompt_tokens += job.prompt_tokens
             if stall is not None:
-                stall[r] += self.read_ms(job.rec.kv_bytes_moved)
+                stall[r] += self.read_ms(rec.kv_bytes_moved)
             admitted.append(job)
-        self.ready.extendleft(reversed(skipped))
+        if skipped:
+            ready.extendleft(reversed(skipped))
         return admitted, (max(stall) if stall else 0.0), prompt_tokens
 
     def _loop(self):
-        env, a = self.env, self.a
+        env, a, draft_tokens = self.env, self.a, self.draft_tokens
+        model, on_step, finish = self.model, self.on_step, self._finish
+        running, ready, n_req = self.running, self.ready, self.n_req
+        timeout, in_window, itl_add = env.timeout, self.in_window, self.itl.add
+        retire = self._retire
+        no_jobs: list[Job] = []
         while True:
-            if not self.running and not self.ready:
+            if not running and not ready:
                 self._wake = env.event()
                 yield self._wake
-            admitted, stall_ms, prompt_tokens = self._admit()
-            if not self.running:  # every ready request is blocked: wait for a change
+            if ready:
+                admitted, stall_ms, prompt_tokens = self._admit()
+            else:
+                admitted, stall_ms, prompt_tokens = no_jobs, 0.0, 0
+            if not running:  # every ready request is blocked: wait for a change
                 self._wake = env.event()
                 yield self._wake
                 continue
-            batch = DecodeBatch(requests_per_rank=self.n_req, context_tokens_per_rank=self.ctx,
-                                tokens_per_request=a, draft_tokens=self.draft_tokens,
-                                new_loads=len(admitted), admitted_prompt_tokens=prompt_tokens,
-                                step_index=self.step)
-            cost = self.model.decode_step(batch).with_kv_stall(stall_ms)
+            step = self.step
+            n_admitted = len(admitted)
+            batch = DecodeBatch(requests_per_rank=n_req, context_tokens_per_rank=self.ctx,
+                                tokens_per_request=a, draft_tokens=draft_tokens,
+                                new_loads=n_admitted, admitted_prompt_tokens=prompt_tokens,
+                                step_index=step)
+            cost = model.decode_step(batch)
+            if stall_ms > 0:
+                cost = cost.with_kv_stall(stall_ms)
             start = env.now
             dur = cost.total_ms / 1e3
-            yield env.timeout(dur)
+            yield timeout(dur)
             end = env.now
-            n_running = len(self.running)
-            retiring = self._finish.pop(self.step, [])
-            emitted = self._emit(admitted, retiring, n_running, dur, end)
-            self.on_step("decode", self.step, start, cost, 0, 0, n_running, emitted,
-                         sum(self.ctx), len(admitted))
-            self.ctx = [c + a * n for c, n in zip(self.ctx, self.n_req, strict=True)]
+            n_running = len(running)
+            retiring = finish.pop(step, no_jobs)
+            # emit: first tokens and inter-token gaps of this step
+            for job in admitted:
+                job.rec.first_token_s = end
+            mid = n_running - n_admitted
+            emitted = float(n_admitted)
+            window = in_window(end)
             for job in retiring:
-                self._retire(job, end)
-            self.step += 1
-
-    def _emit(self, admitted: list[Job], retiring: list[Job], n_running: int, dur: float,
-              end: float) -> float:
-        """Record first tokens and inter-token gaps of this step; returns tokens emitted."""
-        a = self.a
-        for job in admitted:
-            job.rec.first_token_s = end
-        mid = n_running - len(admitted)
-        emitted = float(len(admitted))
-        window = self.in_window(end)
-        for job in retiring:
-            if job.steps == 1:
-                continue
-            mid -= 1
-            last = job.output_tokens - 1 - a * (job.steps - 2)  # in (0, a]
-            emitted += last
-            if window:
-                self.itl.add(dur * 1e3 / last, last)
-        emitted += a * mid
-        if window and mid > 0:
-            self.itl.add(dur * 1e3 / a, a * mid)
-        if self.trace_tokens:
-            self._trace(end)
-        return emitted
+                if job.steps == 1:
+                    continue
+                mid -= 1
+                last = job.output_tokens - 1 - a * (job.steps - 2)  # in (0, a]
+                emitted += last
+                if window:
+                    itl_add(dur * 1e3 / last, last)
+            emitted += a * mid
+            if window and mid > 0:
+                itl_add(dur * 1e3 / a, a * mid)
+            if self.trace_tokens:
+                self._trace(end)
+            ctx = self.ctx
+            on_step("decode", step, start, cost, 0, 0, n_running, emitted, sum(ctx), n_admitted)
+            self.ctx = list(map(add, ctx, map(mul, repeat(a), n_req)))
+            for job in retiring:
+                retire(job, end)
+            self.step = step + 1
 
     def _trace(self, end: float) -> None:
         """Every running request's token times (tests and small runs only: O(batch))."""
@@ -191,13 +215,17 @@ class DecodeInstance:
 
     def _retire(self, job: Job, end: float) -> None:
         r = job.decode_rank
-        self.n_req[r] -= 1
-        self.ctx[r] -= job.prompt_tokens + self.a * job.steps
-        if self.n_req[r] == 0:
-            self.ctx[r] = 0.0
+        n_req, ctx = self.n_req, self.ctx
+        n_req[r] -= 1
+        self.load[r] -= 1
+        if n_req[r] == 0:
+            ctx[r] = 0.0
+        else:
+            ctx[r] -= job.prompt_tokens + self.a * job.steps
         del self.running[id(job)]
         self.caches[r].unpin(job.path)
         self._affinity[job.inst.key_base] = r
-        job.rec.finish_s = end
-        job.rec.output_tokens = job.output_tokens
+        rec = job.rec
+        rec.finish_s = end
+        rec.output_tokens = job.output_tokens
         job.on_done(job)
