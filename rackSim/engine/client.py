@@ -51,19 +51,19 @@ class _SessionClients:
 
     def _send(self, cursor: SessionCursor, spec: RequestSpec) -> None:
         end = self.phases.window_end_s
-        if self.stopped or (end is not None and self.env.now >= end):
+        now = self.env.now
+        if self.stopped or (end is not None and now >= end):
             return  # after the window: in-flight requests drain, nothing new is sent
         inst = cursor.inst
-        now = self.env.now
+        prompt_tokens = spec.prompt_tokens
         rec = RequestRecord(session_id=inst.graph.session_id, rid=spec.rid, lane=inst.lane,
                             session_key=inst.key_base, agent=spec.agent, send_s=now,
-                            prompt_tokens=spec.prompt_tokens,
+                            prompt_tokens=prompt_tokens,
                             phase=self.phases.phase_of_send(inst.lane, now))
         self.records.append(rec)
         self.in_flight += 1
-        self.submit(Job(spec=spec, inst=inst, path=inst.prompt_path(spec.rid), rec=rec,
-                        on_done=self._done, output_tokens=spec.output_tokens,
-                        prompt_tokens=spec.prompt_tokens))
+        self.submit(Job(spec, inst, inst.prompt_path(spec.rid), rec, self._done,
+                        spec.output_tokens, prompt_tokens))
 
     def _done(self, job: Job) -> None:
         self.in_flight -= 1

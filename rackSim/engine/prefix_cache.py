@@ -45,7 +45,12 @@ class BlockCache:
     def missing(self, path: PromptPath) -> int:
         """Blocks `insert(path)` would add."""
         res = self._res
-        return sum(max(0, b - res.get(n, 0)) for n, b in path)
+        need = 0
+        for node, blocks in path:
+            have = res.get(node, 0)
+            if blocks > have:
+                need += blocks - have
+        return need
 
     def can_hold(self, path: PromptPath) -> bool:
         """Whether `path` fits after evicting every unpinned block not on it."""
@@ -64,26 +69,34 @@ class BlockCache:
         Returns the evicted (node, blocks), for demotion to a lower tier.
         """
         evicted: list[tuple[int, int]] = []
-        need = self.missing(path)
-        if need > self.capacity - self.used:
-            evicted = self._evict(need - (self.capacity - self.used), {n for n, _ in path})
-        room = self.capacity - self.used
         res, lru = self._res, self._lru
-        for node, blocks in path:  # grow root first so residency stays prefix-closed
+        need = 0
+        for node, blocks in path:
             have = res.get(node, 0)
-            add = min(max(0, blocks - have), room)
-            if add:
-                res[node] = have + add
-                self.used += add
-                room -= add
-                if self._pins.get(node):
-                    self.pinned += add
-            if have + add < blocks:
-                break
+            if blocks > have:
+                need += blocks - have
+        if need:  # otherwise every node is resident far enough: only the LRU order changes
+            if need > self.capacity - self.used:
+                evicted = self._evict(need - (self.capacity - self.used), {n for n, _ in path})
+            room = self.capacity - self.used
+            pins = self._pins
+            for node, blocks in path:  # grow root first so residency stays prefix-closed
+                have = res.get(node, 0)
+                add = min(max(0, blocks - have), room)
+                if add:
+                    res[node] = have + add
+                    self.used += add
+                    room -= add
+                    if pins.get(node):
+                        self.pinned += add
+                if have + add < blocks:
+                    break
         for node, _ in reversed(path):
             if node in res:
-                lru[node] = None
-                lru.move_to_end(node)
+                if node in lru:
+                    lru.move_to_end(node)
+                else:
+                    lru[node] = None
         return evicted
 
     def touch(self, path: PromptPath) -> None:

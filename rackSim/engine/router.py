@@ -9,8 +9,12 @@ of recomputing that prefix.
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from rackSim.engine.prefill import PrefillInstance
 from rackSim.engine.request import Job
+
+_queued = attrgetter("queued_tokens")
 
 POLICIES = ("round_robin", "least_loaded", "session_affinity", "prefix_affinity")
 
@@ -22,6 +26,7 @@ class Router:
         self.policy, self.instances = policy, instances
         self._next = 0
         self._sticky: dict[int, PrefillInstance] = {}
+        self._by_index = sorted(instances, key=lambda p: p.index)
 
     def _least_loaded(self) -> PrefillInstance:
         return min(self.instances, key=lambda p: (p.queued_tokens, p.index))
@@ -46,7 +51,8 @@ class Router:
         """Branch and bound: uncached work is >= 1 token, so an instance whose queue alone
         reaches the best total so far cannot win and its cache is not consulted."""
         best, best_total, best_uncached = None, None, 0
-        for p in sorted(self.instances, key=lambda p: (p.queued_tokens, p.index)):
+        # a stable sort of the index-ordered list: the order of (queued_tokens, index)
+        for p in sorted(self._by_index, key=_queued):
             if best_total is not None and p.queued_tokens >= best_total:
                 break
             uncached = p.estimated_uncached(job)
