@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import simpy
+from simpy.events import Timeout
 
 from rackSim.engine.request import Job
 from rackSim.metrics.records import RequestRecord
@@ -44,7 +45,7 @@ class _SessionClients:
 
     def _later(self, cursor: SessionCursor, spec: RequestSpec) -> None:
         if spec.delay_s > 0:
-            ev = self.env.timeout(spec.delay_s)
+            ev = Timeout(self.env, spec.delay_s)
             ev.callbacks.append(lambda _e: self._send(cursor, spec))
         else:
             self._send(cursor, spec)

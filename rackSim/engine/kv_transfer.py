@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import simpy
+from simpy.events import Timeout
 
 from rackSim.engine.request import Job
 from rackSim.perf.kv_transfer import kv_transfer_ms
@@ -46,5 +47,5 @@ class KvTransferChannel:
         start = max(env.now, self._out_free[src], self._in_free[dst])
         end = start + kv_transfer_ms(nbytes, self.bandwidth(), self.latency_ms) / 1e3
         self._out_free[src] = self._in_free[dst] = end
-        ev = env.timeout(end - env.now)
+        ev = Timeout(env, end - env.now)
         ev.callbacks.append(lambda _e, j=job: self.deliver(j))

@@ -97,28 +97,33 @@ class PrefillInstance:
         return chunks, batch
 
     def _loop(self):
-        env = self.env
+        env, model, on_step, name = self.env, self.model, self.on_step, self.name
+        timeout, event = env.timeout, env.event
+        gpu = self.cache.gpu
         while True:
             if not self.waiting and not self.running:
-                self._wake = env.event()
+                self._wake = event()
                 yield self._wake
             chunks, batch = self._schedule()
-            cost = self.model.prefill_step(batch)
+            cost = model.prefill_step(batch)
             start = env.now
-            yield env.timeout(cost.total_ms / 1e3)
+            yield timeout(cost.total_ms / 1e3)
             self.steps += 1
-            self.on_step(self.name, self.steps, start, cost, batch.num_requests,
-                         batch.new_tokens, 0, 0, batch.attended_tokens, 0)
+            on_step(name, self.steps, start, cost, batch.num_requests,
+                    batch.new_tokens, 0, 0, batch.attended_tokens, 0)
             done = []
+            queued = self.queued_tokens
             for job, n in chunks:
                 job.computed += n
-                self.queued_tokens -= n
+                queued -= n
                 if job.computed >= job.prompt_tokens:
                     done.append(job)
+            self.queued_tokens = queued
             if done:
                 self.running = [j for j in self.running if j.computed < j.prompt_tokens]
+                now = env.now
                 for job in done:
-                    self.cache.gpu.unpin(job.path)
+                    gpu.unpin(job.path)
                     self.cache.insert(job.path)
-                    job.rec.prefill_end_s = env.now
+                    job.rec.prefill_end_s = now
                     self.on_prefilled(job)

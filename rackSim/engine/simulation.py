@@ -7,9 +7,10 @@ recorded; inter-token latency goes into a histogram for the measurement window o
 
 from __future__ import annotations
 
-import math
+import copy
 import time
 from dataclasses import dataclass, field
+from math import nan
 
 import simpy
 
@@ -33,15 +34,25 @@ CHUNK_S = 5.0  # simulated seconds between progress updates / interrupt checks
 
 
 class CountingEnvironment(simpy.Environment):
-    """A SimPy environment that counts the events it schedules."""
+    """A SimPy environment that counts the events it schedules.
+
+    SimPy numbers every scheduled event from a counter (`_eid`), so the count is read from a
+    copy of that counter rather than by wrapping `schedule` (a Python call per event).
+    """
 
     def __init__(self) -> None:
         super().__init__()
-        self.events_scheduled = 0
+        # SimPy binds its event factories (env.timeout, env.event, ...) to the instance only
+        # for those defined on the instance's own class; bind them for this subclass too, or
+        # every `env.timeout` goes through a descriptor call.
+        for cls in type(self).__mro__:
+            for name, obj in cls.__dict__.items():
+                if type(obj) is simpy.core.BoundClass and name not in self.__dict__:
+                    setattr(self, name, getattr(self, name))
 
-    def schedule(self, event, priority=1, delay=0):  # noqa: ANN001 - SimPy's signature
-        self.events_scheduled += 1
-        super().schedule(event, priority, delay)
+    @property
+    def events_scheduled(self) -> int:
+        return next(copy.copy(self._eid))
 
 
 class WarmupTooLong(RuntimeError):
@@ -77,6 +88,8 @@ class Simulation:
         self.steps: list[tuple] = []
         self.itl = LatencyHistogram()
         self._models: dict[str, object] = {}
+        self._window_s = cfg.workload.replay.window_s
+        self._kv_bytes_per_token = m.kv_bytes_per_token
         block_bytes = BLOCK_TOKENS * m.kv_bytes_per_token
 
         pg = d.prefill.gpus_per_instance
@@ -130,7 +143,7 @@ class Simulation:
         rank, hit_blocks = self.decode.choose_rank(job)
         job.decode_rank = rank
         moved = max(0, job.prompt_tokens - hit_blocks * BLOCK_TOKENS)
-        self.transfer.send(job, moved * self.cfg.model.kv_bytes_per_token)
+        self.transfer.send(job, moved * self._kv_bytes_per_token)
 
     def _warm(self, inst: SessionInstance, spec: RequestSpec) -> None:
         """Primer: make a lane's active prefix resident (no compute is simulated: equivalent
@@ -149,12 +162,12 @@ class Simulation:
 
     def _in_window(self, t: float) -> bool:
         start = self.phases.window_start_s
-        return start is not None and start <= t < start + self.cfg.workload.replay.window_s
+        return start is not None and start <= t < start + self._window_s
 
     def _on_step(self, name: str, step: int, start: float, cost: StepBreakdown,
                  p_req: int, p_tok: int, d_req: int, d_tok: float, ctx: float,
                  loads: int) -> None:
-        bal = getattr(self._models[name], "last_balancedness", math.nan)
+        bal = getattr(self._models[name], "last_balancedness", nan)
         self.steps.append((name, step, start, cost.total_ms, p_req, p_tok, d_req, d_tok, ctx,
                            loads, bal, cost.moe, cost.attention, cost.indexer, cost.dense,
                            cost.comm, cost.draft, cost.cpu, cost.sync, cost.straggler,
