@@ -1,0 +1,34 @@
+"""The engine's per-graph path cache gives every replay the paths its SessionInstance would."""
+
+from __future__ import annotations
+
+from rackSim.config import compose_scenario
+from rackSim.engine.request import SessionPaths
+from rackSim.workload.graph import RequestSpec, SessionGraph, SessionInstance
+from rackSim.workload.sources import load_sessions
+
+
+def _check(graphs: list[SessionGraph], key_bases: list[int]) -> None:
+    paths = SessionPaths()
+    for kb in key_bases:
+        for g in graphs:
+            inst, fresh = SessionInstance(g, key_base=kb), SessionInstance(g, key_base=kb)
+            for r in g.requests:
+                assert paths.prompt(inst, r.rid) == fresh.prompt_path(r.rid)
+                assert paths.context(inst, r.rid) == fresh.context_path(r.rid)
+
+
+def test_derived_paths_shift_with_the_key_base():
+    cfg = compose_scenario(["experiment=smoke", "progress=false"])
+    graphs = load_sessions(cfg.workload, cfg.seed)[:6]
+    _check(graphs, [5 << 20, 0, (3 << 40) | (7 << 20), 5 << 20])
+
+
+def test_explicit_paths_are_global():
+    r0 = RequestSpec(rid=0, parent=None, prefix_tokens=0, new_tokens=1000, output_tokens=100,
+                     path=((77, 15),))
+    r1 = RequestSpec(rid=1, parent=0, prefix_tokens=1100, new_tokens=300, output_tokens=50,
+                     after=(0,), path=((77, 17), (78, 4)))
+    r2 = RequestSpec(rid=2, parent=1, prefix_tokens=640, new_tokens=200, output_tokens=10,
+                     after=(1,))
+    _check([SessionGraph("s", (r0, r1, r2))], [1 << 20, 0, 9 << 20])
