@@ -32,3 +32,21 @@ def test_explicit_paths_are_global():
     r2 = RequestSpec(rid=2, parent=1, prefix_tokens=640, new_tokens=200, output_tokens=10,
                      after=(1,))
     _check([SessionGraph("s", (r0, r1, r2))], [1 << 20, 0, 9 << 20])
+
+
+def test_cursor_from_template_replays_like_a_fresh_one():
+    import simpy
+
+    from rackSim.engine.client import _SessionClients
+    from rackSim.workload.replay import SessionCursor
+
+    cfg = compose_scenario(["experiment=smoke", "progress=false"])
+    clients = _SessionClients(simpy.Environment(), None, lambda _j: None, [])
+    for g in load_sessions(cfg.workload, cfg.seed)[:6]:
+        for kb in (1 << 20, 2 << 20, 3 << 20):  # the first builds the template, then copies
+            inst = SessionInstance(g, key_base=kb)
+            mine, ref = clients._new_cursor(inst, 0), SessionCursor(inst, 0)
+            assert mine.start() == ref.start()
+            for r in g.requests:  # topological order
+                assert mine.complete(r.rid) == ref.complete(r.rid)
+                assert mine.done == ref.done
