@@ -156,13 +156,22 @@ class TieredPrefixCache:
 
     def lookup(self, path: PromptPath) -> tuple[int, int]:
         """(blocks hit in GPU memory, further blocks hit in host memory) along `path`."""
-        gpu = self.gpu.lookup(path)
         if self.host is None or self.host.used == 0:
-            return gpu, 0
-        hit = 0
-        g, h = self.gpu, self.host
+            return self.gpu.lookup(path), 0
+        # one walk for both: the GPU prefix stops at or before the GPU-or-host prefix
+        gres, hres = self.gpu._res, self.host._res
+        gpu = hit = 0
+        on_gpu = True
         for node, blocks in path:
-            r = max(g.resident(node), h.resident(node))
+            g = gres.get(node, 0)
+            if on_gpu:
+                if g < blocks:
+                    gpu += g
+                    on_gpu = False
+                else:
+                    gpu += blocks
+            h = hres.get(node, 0)
+            r = g if g > h else h
             if r < blocks:
                 hit += r
                 break
