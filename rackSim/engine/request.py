@@ -50,11 +50,17 @@ class SessionPaths:
 
     def prompt(self, inst: SessionInstance, rid: int) -> PromptPath:
         """`inst.prompt_path(rid)`."""
-        return self._get(inst, rid, self._entry(inst.graph)[1], inst.prompt_path)
+        entry = self._graphs.get(id(inst.graph))
+        if entry is None or entry[0] is not inst.graph:
+            entry = self._entry(inst.graph)
+        return self._get(inst, rid, entry[1], inst.prompt_path)
 
     def context(self, inst: SessionInstance, rid: int) -> PromptPath:
         """`inst.context_path(rid)`."""
-        return self._get(inst, rid, self._entry(inst.graph)[2], inst.context_path)
+        entry = self._graphs.get(id(inst.graph))
+        if entry is None or entry[0] is not inst.graph:
+            entry = self._entry(inst.graph)
+        return self._get(inst, rid, entry[2], inst.context_path)
 
     @staticmethod
     def _get(inst: SessionInstance, rid: int, cache: dict,
@@ -69,4 +75,10 @@ class SessionPaths:
         derived, path = hit
         if not derived or kb == 0:
             return path
+        if len(path) == 1:  # most paths are 1-2 nodes deep
+            (k, b), = path
+            return ((k + kb, b),)
+        if len(path) == 2:
+            (k, b), (k2, b2) = path
+            return ((k + kb, b), (k2 + kb, b2))
         return tuple([(k + kb, b) for k, b in path])
