@@ -23,3 +23,19 @@ def compose_scenario(overrides: Sequence[str] = (), config_dir: Path | str | Non
     with initialize_config_dir(config_dir=str(config_dir or SCENARIOS_DIR), version_base=None):
         tree = compose("config", overrides=list(overrides))
     return load_run_config(tree)
+
+
+def with_changes(cfg: RunConfig, **sections: object) -> RunConfig:
+    """A re-validated copy of `cfg` with nested fields replaced, e.g.
+    `with_changes(cfg, workload={"replay": {"concurrency": 4}}, seed=3)`."""
+    data = cfg.model_dump()
+
+    def merge(dst: dict, src: dict) -> None:
+        for k, v in src.items():
+            if isinstance(v, dict) and isinstance(dst.get(k), dict):
+                merge(dst[k], v)
+            else:
+                dst[k] = v
+
+    merge(data, sections)
+    return RunConfig.model_validate(data)

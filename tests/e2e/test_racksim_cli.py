@@ -10,9 +10,8 @@ import time
 
 import pandas as pd
 import pytest
-from conftest import with_changes
 
-from rackSim.config import compose_scenario
+from rackSim.config import compose_scenario, with_changes
 from rackSim.metrics.records import REQUEST_COLUMNS, STEP_COLUMNS
 from rackSim.run import simulate
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import with_changes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rackSim.config import with_changes
 from rackSim.engine.simulation import Simulation
 from rackSim.workload.sources import load_sessions
 
