@@ -34,34 +34,15 @@ class _SessionClients:
         self.in_flight = 0
         self._cursor: dict[int, SessionCursor] = {}  # session key base -> its cursor
         self.paths = SessionPaths()  # prompt paths, shared by the replays of a session
-        # id(graph) -> (graph, waiting-on counts from the first request, children)
-        self._cursor_templates: dict[int, tuple] = {}
 
     def _begin(self, inst: SessionInstance, start_rid: int = 0, at_once: bool = False) -> None:
         """Start a session replay; `at_once` sends its first requests without their delay."""
-        cursor = self._cursor[inst.key_base] = self._new_cursor(inst, start_rid)
+        cursor = self._cursor[inst.key_base] = SessionCursor(inst, start_rid)
         for spec in cursor.start():
             if at_once:
                 self._send(cursor, spec)
             else:
                 self._later(cursor, spec)
-
-    def _new_cursor(self, inst: SessionInstance, start_rid: int) -> SessionCursor:
-        """`SessionCursor(inst, start_rid)`; a replay from the first request copies the state
-        of the graph's first one (building it walks every request of the session)."""
-        if start_rid != 0:
-            return SessionCursor(inst, start_rid)
-        g = inst.graph
-        tpl = self._cursor_templates.get(id(g))
-        if tpl is None or tpl[0] is not g:
-            cursor = SessionCursor(inst, 0)
-            self._cursor_templates[id(g)] = (g, dict(cursor._waiting_on), cursor._children)
-            return cursor
-        cursor = SessionCursor.__new__(SessionCursor)
-        cursor.inst, cursor._start = inst, 0
-        cursor._waiting_on, cursor._children = dict(tpl[1]), tpl[2]  # children: read only
-        cursor._left = len(tpl[1])
-        return cursor
 
     def _later(self, cursor: SessionCursor, spec: RequestSpec) -> None:
         if spec.delay_s > 0:

@@ -72,13 +72,14 @@ class SessionGraph:
     def roots(self) -> list[int]:
         return [r.rid for r in self.requests if not r.after]
 
-    def children(self) -> dict[int, list[int]]:
-        """rid -> requests that wait on it."""
-        out: dict[int, list[int]] = {r.rid: [] for r in self.requests}
+    @cached_property
+    def dependents(self) -> tuple[tuple[int, ...], ...]:
+        """rid -> requests that wait on it (computed once per graph)."""
+        out: list[list[int]] = [[] for _ in self.requests]
         for r in self.requests:
             for a in r.after:
                 out[a].append(r.rid)
-        return out
+        return tuple(tuple(c) for c in out)
 
     @cached_property
     def chain_heads(self) -> tuple[int, ...]:

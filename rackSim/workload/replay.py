@@ -27,10 +27,13 @@ class SessionCursor:
 
     def __init__(self, inst: SessionInstance, start_rid: int = 0):
         self.inst = inst
-        reqs = inst.graph.requests
-        self._waiting_on = {r.rid: sum(1 for a in r.after if a >= start_rid)
-                            for r in reqs if r.rid >= start_rid}
-        self._children = inst.graph.children()
+        graph = inst.graph
+        if start_rid == 0:
+            self._waiting_on = {r.rid: len(r.after) for r in graph.requests}
+        else:
+            self._waiting_on = {r.rid: sum(1 for a in r.after if a >= start_rid)
+                                for r in graph.requests if r.rid >= start_rid}
+        self._children = graph.dependents
         self._start = start_rid
         self._left = len(self._waiting_on)
 
