@@ -17,7 +17,7 @@ from collections.abc import Callable
 import simpy
 from simpy.events import Timeout
 
-from rackSim.engine.request import Job, SessionPaths
+from rackSim.engine.request import Job
 from rackSim.metrics.records import RequestRecord
 from rackSim.workload.graph import RequestSpec, SessionInstance
 from rackSim.workload.open_loop import OpenLoopSchedule
@@ -33,7 +33,6 @@ class _SessionClients:
         self.stopped = False
         self.in_flight = 0
         self._cursor: dict[int, SessionCursor] = {}  # session key base -> its cursor
-        self.paths = SessionPaths()  # prompt paths, shared by the replays of a session
 
     def _begin(self, inst: SessionInstance, start_rid: int = 0, at_once: bool = False) -> None:
         """Start a session replay; `at_once` sends its first requests without their delay."""
@@ -64,7 +63,7 @@ class _SessionClients:
                             phase=self.phases.phase_of_send(inst.lane, now))
         self.records.append(rec)
         self.in_flight += 1
-        self.submit(Job(spec, inst, self.paths.prompt(inst, spec.rid), rec, self._done,
+        self.submit(Job(spec, inst, inst.prompt_path(spec.rid), rec, self._done,
                         spec.output_tokens, prompt_tokens))
 
     def _done(self, job: Job) -> None:

@@ -23,7 +23,7 @@ from operator import add, mul
 import simpy
 
 from rackSim.engine.prefix_cache import BlockCache
-from rackSim.engine.request import Job, SessionPaths
+from rackSim.engine.request import Job
 from rackSim.metrics.histogram import LatencyHistogram
 from rackSim.perf.step import DecodeBatch, StepModel
 
@@ -46,8 +46,7 @@ class DecodeInstance:
                  caches: list[BlockCache], model: StepModel,
                  read_ms: Callable[[float], float] | None,
                  itl: LatencyHistogram, in_window: Callable[[float], bool],
-                 trace_tokens: bool, on_step: Callable[..., None],
-                 paths: SessionPaths | None = None):
+                 trace_tokens: bool, on_step: Callable[..., None]):
         self.env, self.ranks = env, ranks
         self.max_seqs, self.load_cap = max_seqs_per_rank, load_cap
         self.a, self.draft_tokens = accepted, draft_tokens
@@ -55,7 +54,6 @@ class DecodeInstance:
         self.read_ms = read_ms  # pull mode: synchronous KV read time (ms) per load
         self.itl, self.in_window = itl, in_window
         self.trace_tokens, self.on_step = trace_tokens, on_step
-        self.paths = paths if paths is not None else SessionPaths()
         self.ready: deque[Job] = deque()
         self.n_req = [0] * ranks
         self.pending = [0] * ranks  # placed on the rank, KV not admitted yet
@@ -105,14 +103,14 @@ class DecodeInstance:
         max_skipped = 4 * self.ranks
         n_req, pending, ctx, caches = self.n_req, self.pending, self.ctx, self.caches
         max_seqs, a, step, finish = self.max_seqs, self.a, self.step, self._finish
-        running, now, context_path = self.running, self.env.now, self.paths.context
+        running, now = self.running, self.env.now
         while ready and len(admitted) < cap:
             job = ready.popleft()
             r = job.decode_rank
             if n_req[r] >= max_seqs:
                 full = None
             else:
-                full = context_path(job.inst, job.spec.rid)
+                full = job.inst.context_path(job.spec.rid)
                 cache = caches[r]
                 if not cache.can_hold(full):
                     full = None

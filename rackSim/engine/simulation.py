@@ -20,7 +20,7 @@ from rackSim.engine.decode import DecodeInstance
 from rackSim.engine.kv_transfer import KvTransferChannel
 from rackSim.engine.prefill import PrefillInstance
 from rackSim.engine.prefix_cache import BlockCache, TieredPrefixCache
-from rackSim.engine.request import Job, SessionPaths
+from rackSim.engine.request import Job
 from rackSim.engine.router import Router
 from rackSim.metrics.histogram import LatencyHistogram
 from rackSim.metrics.records import RequestRecord
@@ -88,7 +88,6 @@ class Simulation:
         self.steps: list[tuple] = []
         self.itl = LatencyHistogram()
         self._models: dict[str, object] = {}
-        self.paths = SessionPaths()  # prompt / context paths, shared by a session's replays
         self._window_s = cfg.workload.replay.window_s
         self._kv_bytes_per_token = m.kv_bytes_per_token
         block_bytes = BLOCK_TOKENS * m.kv_bytes_per_token
@@ -122,7 +121,7 @@ class Simulation:
             spec.accepted_tokens_per_step, spec.num_draft_tokens,
             [BlockCache(d_blocks) for _ in range(ranks)], model,
             self.transfer.read_ms if d.kv_transfer.mode == "pull" else None,
-            self.itl, self._in_window, cfg.trace_tokens, self._on_step, self.paths)
+            self.itl, self._in_window, cfg.trace_tokens, self._on_step)
         replay = cfg.workload.replay
         if cfg.workload.timestamped:
             ol = cfg.workload.open_loop
@@ -134,7 +133,6 @@ class Simulation:
             self.phases = ClosedLoopReplay(sessions, replay, cfg.seed)
             self.clients = AgentClients(env, self.phases, self._submit, self._warm,
                                         self.records)
-        self.clients.paths = self.paths
 
     # -- wiring ----------------------------------------------------------------------------
     def _submit(self, job: Job) -> None:

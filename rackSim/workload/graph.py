@@ -18,7 +18,7 @@ from the node's first block), so a prefix lookup costs O(depth), not O(blocks).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 BLOCK_TOKENS = 64
@@ -100,6 +100,12 @@ class SessionGraph:
                 heads.append(r.rid)
         return tuple(heads)
 
+    @cached_property
+    def path_cache(self) -> tuple[dict[int, PromptPath], dict[int, PromptPath]]:
+        """(prompt, context) paths per rid with node keys relative to the replay's key base;
+        filled on first use and shared by every replay of this graph."""
+        return {}, {}
+
 
 @dataclass(slots=True)
 class SessionInstance:
@@ -108,21 +114,32 @@ class SessionInstance:
     graph: SessionGraph
     key_base: int
     lane: int = 0
-    _paths: dict[int, PromptPath] = field(default_factory=dict)
 
     def node_key(self, rid: int) -> int:
         return self.key_base + rid
 
     def prompt_path(self, rid: int) -> PromptPath:
         """Nodes and full blocks covered by request `rid`'s prompt, root first."""
-        cached = self._paths.get(rid)
-        if cached is None:
-            cached = self._paths[rid] = self._path(rid, self.graph.requests[rid].prompt_tokens)
-        return cached
+        return self._cached(rid, self.graph.path_cache[0], self.graph.requests[rid].prompt_tokens)
 
     def context_path(self, rid: int) -> PromptPath:
         """Like `prompt_path` but through the generated output too (what decode holds after)."""
-        return self._path(rid, self.graph.requests[rid].context_tokens)
+        return self._cached(rid, self.graph.path_cache[1],
+                            self.graph.requests[rid].context_tokens)
+
+    def _cached(self, rid: int, cache: dict[int, PromptPath], end_tokens: int) -> PromptPath:
+        """The path from the graph's cache (computed at key base 0), shifted to this replay's
+        key base; explicit paths (trace loaders) carry global keys and are not shifted."""
+        path = cache.get(rid)
+        if path is None:
+            path = cache[rid] = SessionInstance(self.graph, 0)._path(rid, end_tokens)
+        kb = self.key_base
+        if kb == 0 or self.graph.requests[rid].path is not None:
+            return path
+        if len(path) == 1:  # most paths are one chain deep
+            (k, b), = path
+            return ((k + kb, b),)
+        return tuple([(k + kb, b) for k, b in path])
 
     def segments(self, rid: int, end_tokens: int | None = None) -> list[tuple[int, int, int]]:
         """Token ownership of request `rid`'s prompt (or its first `end_tokens` of context):

@@ -1,21 +1,19 @@
-"""The engine's per-graph path cache gives every replay the paths its SessionInstance would."""
+"""The graph's path cache gives every replay the paths computing them afresh would."""
 
 from __future__ import annotations
 
 from rackSim.config import compose_scenario
-from rackSim.engine.request import SessionPaths
 from rackSim.workload.graph import RequestSpec, SessionGraph, SessionInstance
 from rackSim.workload.sources import load_sessions
 
 
 def _check(graphs: list[SessionGraph], key_bases: list[int]) -> None:
-    paths = SessionPaths()
-    for kb in key_bases:
+    for kb in key_bases:  # repeated bases and 0 read the cache the first base filled
         for g in graphs:
-            inst, fresh = SessionInstance(g, key_base=kb), SessionInstance(g, key_base=kb)
+            inst = SessionInstance(g, key_base=kb)
             for r in g.requests:
-                assert paths.prompt(inst, r.rid) == fresh.prompt_path(r.rid)
-                assert paths.context(inst, r.rid) == fresh.context_path(r.rid)
+                assert inst.prompt_path(r.rid) == inst._path(r.rid, r.prompt_tokens)
+                assert inst.context_path(r.rid) == inst._path(r.rid, r.context_tokens)
 
 
 def test_derived_paths_shift_with_the_key_base():
