@@ -27,7 +27,7 @@ class PrefillInstance:
                  on_step: Callable[..., None]):
         self.env, self.index, self.ranks = env, index, ranks
         self.name = f"prefill-{index}"
-        self.budget, self.max_seqs = token_budget, max_num_seqs
+        self.max_seqs = max_num_seqs
         self.step_tokens = token_budget * ranks
         self.cache, self.model = cache, model
         self.kv_bytes_per_token = kv_bytes_per_token

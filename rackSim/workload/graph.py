@@ -69,9 +69,6 @@ class SessionGraph:
     requests: tuple[RequestSpec, ...]
     start_s: float | None = None  # open-loop arrival offset (timestamped traces); None = closed
 
-    def roots(self) -> list[int]:
-        return [r.rid for r in self.requests if not r.after]
-
     @cached_property
     def dependents(self) -> tuple[tuple[int, ...], ...]:
         """rid -> requests that wait on it (computed once per graph)."""
@@ -114,9 +111,6 @@ class SessionInstance:
     graph: SessionGraph
     key_base: int
     lane: int = 0
-
-    def node_key(self, rid: int) -> int:
-        return self.key_base + rid
 
     def prompt_path(self, rid: int) -> PromptPath:
         """Nodes and full blocks covered by request `rid`'s prompt, root first."""
