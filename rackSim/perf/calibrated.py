@@ -159,7 +159,7 @@ class CalibratedStepModel:
         self._prefill_steps = 0
         self._linear_context = max(self.attn.window,
                                    self.attn.csa_compress * self.attn.topk_entries)
-        self._linear_coef: dict[int, tuple[float, float]] = {}
+        self._rank_terms_by_q: dict[int, tuple[float, ...]] = {}
         self._cache: dict[tuple[float, ...], tuple[float, float, float]] = {}
 
     @staticmethod
@@ -327,54 +327,47 @@ class CalibratedStepModel:
                              comm=comm, draft=draft, cpu=cpu, sync=self._sync_ms,
                              straggler=self._straggler(gpu))
 
-    def _rank_cost_terms(self, q: int) -> tuple[float, float, float]:
-        a = self.attn
-        per_entry = q * a.entry_flops / a.flops_ms + a.entry_bytes / a.bytes_ms
-        ki = a.indexer_bytes_per_token / a.indexer_bytes_ms
-        kd = q * self._dense_flops / self._flops_ms
-        return per_entry, ki, kd
+    def _rank_terms(self, q: int) -> tuple[float, ...]:
+        """Per-rank work terms at `q` query tokens per request, cached per q:
+        (per attended entry, per index key, per request dense, linear alpha, linear beta)."""
+        terms = self._rank_terms_by_q.get(q)
+        if terms is None:
+            a = self.attn
+            per_entry = q * a.entry_flops / a.flops_ms + a.entry_bytes / a.bytes_ms
+            ki = a.indexer_bytes_per_token / a.indexer_bytes_ms
+            kd = q * self._dense_flops / self._flops_ms
+            alpha = per_entry * (a.layers * a.window + a.csa_layers * a.topk_entries) + kd
+            beta = ki + per_entry * a.hca_layers / a.hca_compress
+            terms = self._rank_terms_by_q[q] = (per_entry, ki, kd, alpha, beta)
+        return terms
 
-    def _busiest_rank_loop(self, reqs: Sequence[int], ctxs: Sequence[float], q: int
-                           ) -> tuple[int, float]:
-        """(requests, context tokens) of the rank with the most per-rank GPU work."""
+    def _busiest_rank(self, reqs: Sequence[int], ctxs: Sequence[float], q: int
+                      ) -> tuple[int, float]:
+        """(requests, context tokens) of the rank with the most per-rank GPU work.
+
+        A rank whose mean context is past the window and the top-k reach (the usual decode
+        case) has work linear in (requests, context): alpha r + beta c. Other ranks are
+        priced term by term; empty ranks have none.
+        """
+        per_entry, ki, kd, alpha, beta = self._rank_terms(q)
         a = self.attn
-        per_entry, ki, kd = self._rank_cost_terms(q)
-        win, topk, cc, hc = a.window, a.topk_entries, a.csa_compress, a.hca_compress
-        n_all, n_csa, n_hca = a.layers, a.csa_layers, a.hca_layers
+        linear = self._linear_context
         worst, wr, wc = -1.0, 0, 0.0
         for r, c in zip(reqs, ctxs, strict=True):
             if r <= 0:
                 continue
-            avg = c / r
-            sel = avg / cc
-            e = (n_all * (avg if avg < win else win) + n_csa * (sel if sel < topk else topk)
-                 + n_hca * avg / hc)
-            v = r * e * per_entry + c * ki + r * kd
+            if c >= linear * r:
+                v = alpha * r + beta * c
+            else:
+                avg = c / r
+                sel = avg / a.csa_compress
+                e = (a.layers * (avg if avg < a.window else a.window)
+                     + a.csa_layers * (sel if sel < a.topk_entries else a.topk_entries)
+                     + a.hca_layers * avg / a.hca_compress)
+                v = r * e * per_entry + c * ki + r * kd
             if v > worst:
                 worst, wr, wc = v, r, c
         return wr, wc
-
-    def _busiest_rank(self, reqs: Sequence[int], ctxs: Sequence[float], q: int
-                      ) -> tuple[int, float]:
-        """`_busiest_rank_loop`, with a fast path: when every rank's mean context is past the
-        window and the top-k (the usual decode case), per-rank work is linear in
-        (requests, context) and the loop body is two multiplications."""
-        if min(reqs) > 0 and min(ctxs) >= self._linear_context * max(reqs):
-            coef = self._linear_coef.get(q)
-            if coef is None:
-                a = self.attn
-                per_entry, ki, kd = self._rank_cost_terms(q)
-                coef = (per_entry * (a.layers * a.window + a.csa_layers * a.topk_entries) + kd,
-                        ki + per_entry * a.hca_layers / a.hca_compress)
-                self._linear_coef[q] = coef
-            alpha, beta = coef
-            worst, wr, wc = -1.0, 0, 0.0
-            for r, c in zip(reqs, ctxs, strict=True):
-                v = alpha * r + beta * c
-                if v > worst:
-                    worst, wr, wc = v, r, c
-            return wr, wc
-        return self._busiest_rank_loop(reqs, ctxs, q)
 
     # -- prefill ---------------------------------------------------------------------------------
     def _prefill_gpu(self, tokens_total: float, requests: int, mean_context: float, n: int,
