@@ -78,17 +78,24 @@ def balanced_placement(load: np.ndarray, ranks: int, redundant: int = 0
             expert_of_slot[layer, experts:] = extra
     slot_load = np.take_along_axis(load / replicas, expert_of_slot, axis=1)
     order = np.argsort(-slot_load, axis=1, kind="stable")
+    sorted_load = np.take_along_axis(slot_load, order, axis=1).T.copy()  # (slots, layers)
     cap = slots // ranks
-    rank_load = np.zeros((layers, ranks))
-    rank_free = np.full((layers, ranks), cap)
-    rank_of_slot = np.zeros((layers, slots), dtype=int)
+    base = rows * ranks
+    open_load = np.zeros((layers, ranks))  # load of each rank; +inf once it is full
+    flat = open_load.reshape(-1)
+    filled = np.zeros(layers * ranks, dtype=int)
+    picked = np.empty((slots, layers), dtype=int)  # rank of the j-th hottest slot per layer
     for j in range(slots):
-        s = order[:, j]
-        masked = np.where(rank_free > 0, rank_load, np.inf)
-        r = np.argmin(masked, axis=1)
-        rank_of_slot[rows, s] = r
-        rank_load[rows, r] += slot_load[rows, s]
-        rank_free[rows, r] -= 1
+        r = open_load.argmin(axis=1)
+        picked[j] = r
+        at = base + r
+        flat[at] += sorted_load[j]
+        filled[at] += 1
+        full = at[filled[at] == cap]
+        if full.size:
+            flat[full] = np.inf
+    rank_of_slot = np.empty((layers, slots), dtype=int)
+    np.put_along_axis(rank_of_slot, order, picked.T, axis=1)
     return expert_of_slot, rank_of_slot
 
 
@@ -99,17 +106,40 @@ def replica_counts(expert_of_slot: np.ndarray, experts: int) -> np.ndarray:
     return np.bincount(idx, minlength=layers * experts).reshape(layers, experts).astype(float)
 
 
+class Placement:
+    """Where every expert replica sits, with the index arrays its balancedness needs built
+    once (a placement changes every few thousand steps; balancedness is read every epoch)."""
+
+    __slots__ = ("expert_of_slot", "rank_of_slot", "ranks", "counts", "_gather", "_bins")
+
+    def __init__(self, expert_of_slot: np.ndarray, rank_of_slot: np.ndarray, ranks: int,
+                 experts: int | None = None):
+        layers, slots = expert_of_slot.shape
+        experts = slots if experts is None else experts
+        self.expert_of_slot, self.rank_of_slot, self.ranks = expert_of_slot, rank_of_slot, ranks
+        self.counts = replica_counts(expert_of_slot, experts)
+        rows = np.arange(layers)[:, None]
+        identity = slots == experts and bool((expert_of_slot == np.arange(experts)).all())
+        # flat (layer, expert) index of each slot; None when slot s holds expert s
+        self._gather = None if identity else (rows * experts + expert_of_slot).ravel()
+        self._bins = (rows * ranks + rank_of_slot).ravel()
+
+    def balancedness(self, load: np.ndarray) -> float:
+        """sum_l mean_r load / sum_l max_r load (replica load split evenly)."""
+        if self._gather is None:  # one replica per expert, so counts are all 1
+            slot_load = load.ravel()
+        else:
+            slot_load = (load / self.counts).ravel()[self._gather]
+        layers = load.shape[0]
+        per_rank = np.bincount(self._bins, weights=slot_load, minlength=layers * self.ranks)
+        per_rank = per_rank.reshape(layers, self.ranks)
+        return float(per_rank.mean(axis=1).sum() / per_rank.max(axis=1).sum())
+
+
 def balancedness_of(load: np.ndarray, expert_of_slot: np.ndarray, rank_of_slot: np.ndarray,
-                    ranks: int, counts: np.ndarray | None = None) -> float:
+                    ranks: int) -> float:
     """sum_l mean_r load / sum_l max_r load for a placement (replica load split evenly)."""
-    layers, experts = load.shape
-    if counts is None:
-        counts = replica_counts(expert_of_slot, experts)
-    slot_load = np.take_along_axis(load / counts, expert_of_slot, axis=1)
-    idx = (np.arange(layers)[:, None] * ranks + rank_of_slot).ravel()
-    per_rank = np.bincount(idx, weights=slot_load.ravel(), minlength=layers * ranks)
-    per_rank = per_rank.reshape(layers, ranks)
-    return float(per_rank.mean(axis=1).sum() / per_rank.max(axis=1).sum())
+    return Placement(expert_of_slot, rank_of_slot, ranks, load.shape[1]).balancedness(load)
 
 
 class EplbState:
@@ -134,18 +164,20 @@ class EplbState:
         load = self.popularity()
         self._history.append(load)
         if cfg.enabled:
-            self._eos, self._ros = balanced_placement(load, cfg.ranks, cfg.redundant)
+            eos, ros = balanced_placement(load, cfg.ranks, cfg.redundant)
         else:
-            self._eos = np.broadcast_to(np.arange(cfg.experts), shape).copy()
-            self._ros = contiguous_placement(cfg.layers, cfg.experts, cfg.ranks)
-        self._counts = replica_counts(self._eos, cfg.experts)
-        self._b = balancedness_of(load, self._eos, self._ros, cfg.ranks, self._counts)
+            eos = np.broadcast_to(np.arange(cfg.experts), shape).copy()
+            ros = contiguous_placement(cfg.layers, cfg.experts, cfg.ranks)
+        self._placement = Placement(eos, ros, cfg.ranks, cfg.experts)
+        self._b = self._placement.balancedness(load)
 
     def popularity(self) -> np.ndarray:
         """Current expected share of routed tokens per (layer, expert); rows sum to 1."""
-        x = self._x + self._g
-        p = np.exp(x - x.max(axis=1, keepdims=True))
-        return p / p.sum(axis=1, keepdims=True)
+        p = self._x + self._g
+        p -= p.max(axis=1, keepdims=True)
+        np.exp(p, out=p)
+        p /= p.sum(axis=1, keepdims=True)
+        return p
 
     @property
     def balancedness(self) -> float:
@@ -163,26 +195,27 @@ class EplbState:
             if self.cfg.enabled and steps % self.cfg.interval_steps == 0:
                 self._rearrange()
                 self.last_rearrangement_step = steps
-            self._b = balancedness_of(load, self._eos, self._ros, self.cfg.ranks,
-                                      self._counts)
+            self._b = self._placement.balancedness(load)
         return self._b
 
     def _drift(self) -> None:
         c = self.cfg
         noise = self._rng.standard_normal(self._x.shape)
-        self._x = self._rho * self._x + math.sqrt(1.0 - self._rho ** 2) * c.sigma * noise
+        noise *= math.sqrt(1.0 - self._rho ** 2) * c.sigma
+        self._x *= self._rho
+        self._x += noise
 
     def _rearrange(self) -> None:
         c = self.cfg
         window = np.mean(np.stack(list(self._history)), axis=0)
         eos, ros = balanced_placement(window, c.ranks, c.redundant)
         # Weights a rank must receive: slots whose expert or rank changed.
-        changed = eos != self._eos
-        changed |= ros != self._ros
+        old = self._placement
+        changed = eos != old.expert_of_slot
+        changed |= ros != old.rank_of_slot
         per_rank = np.bincount(ros[changed], minlength=c.ranks)
         self.last_moved_bytes = float(per_rank.max()) * c.expert_bytes
-        self._eos, self._ros = eos, ros
-        self._counts = replica_counts(eos, c.experts)
+        self._placement = Placement(eos, ros, c.ranks, c.experts)
         self.rearrangements += 1
 
     def rebalance_ms(self, nvlink_bytes_ms: float) -> float:
