@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -15,15 +17,15 @@ class LatencyHistogram:
 
     def __init__(self, lo_ms: float = 1e-3, hi_ms: float = 1e6, rel_width: float = 0.01):
         self.lo = lo_ms
-        self.log_step = np.log1p(rel_width)
-        self.n = int(np.ceil(np.log(hi_ms / lo_ms) / self.log_step)) + 1
+        self.log_step = math.log1p(rel_width)
+        self.n = int(math.ceil(math.log(hi_ms / lo_ms) / self.log_step)) + 1
         self.weights = np.zeros(self.n)
-        self._log_lo = np.log(lo_ms)
+        self._log_lo = math.log(lo_ms)
 
     def _bin(self, ms: float) -> int:
         if ms <= self.lo:
             return 0
-        return min(int((np.log(ms) - self._log_lo) / self.log_step), self.n - 1)
+        return min(int((math.log(ms) - self._log_lo) / self.log_step), self.n - 1)
 
     def add(self, ms: float, weight: float = 1.0) -> None:
         self.weights[self._bin(ms)] += weight

@@ -31,7 +31,7 @@ layer (2 x heads x head_dim FLOPs each) and then selects the top-k (see prefill_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,16 +56,16 @@ class AttentionCost:
     hca_layers: int
     hca_compress: int
 
-    @property
-    def swa_layers(self) -> int:
-        return self.layers - self.csa_layers - self.hca_layers
+    #: window-only layers
+    swa_layers: int = field(init=False)
+    #: KV bytes per attended entry: global KV bytes per token over entries per token
+    entry_bytes: float = field(init=False)
 
-    @property
-    def entry_bytes(self) -> float:
-        """KV bytes per attended entry: global KV bytes per token over entries per token."""
-        per_token = (self.csa_layers / self.csa_compress + self.hca_layers / self.hca_compress
-                     + self.swa_layers)
-        return self.kv_bytes_per_token / per_token
+    def __post_init__(self) -> None:
+        swa = self.layers - self.csa_layers - self.hca_layers
+        per_token = self.csa_layers / self.csa_compress + self.hca_layers / self.hca_compress + swa
+        object.__setattr__(self, "swa_layers", swa)
+        object.__setattr__(self, "entry_bytes", self.kv_bytes_per_token / per_token)
 
     def entries(self, context: float) -> float:
         """Entries one query attends over all layers at `context` tokens."""

@@ -109,6 +109,8 @@ class CalibratedStepModel:
         self._dense_bytes = m.dense_params * wb
         self._dense_flops = 2.0 * m.dense_params
         self._dense_kernel_ms = p.value("dense_kernel_us") / MS
+        self._dense_fixed_ms = m.num_layers * self._dense_kernel_ms  # kernel launches
+        self._dense_read_ms = self._dense_bytes / self._hbm_ms        # one read of the weights
         self._nvlink_ms = hw.nvlink_bw_bytes_s / MS * p.value("a2a_nvlink_efficiency")
         self._a2a_op_ms = p.value("a2a_op_us") / MS
         self._cpu_step_ms = p.value("cpu_step_ms")
@@ -128,6 +130,10 @@ class CalibratedStepModel:
         self._dispatch = str(p.setting("moe_dispatch", "alltoall"))
         self.prefill_opts = prefill_opts or self._scenario_prefill_opts(cfg, p)
         self._replay_baseline = p.value("replay_tokens_baseline")
+        #: share of the layers a replayed cached token passes through
+        self._replay_share = (min(self.prefill_opts.replay_layers, m.num_layers)
+                              / m.num_layers)
+        self._host_link_ms = hw.host_link_bw_bytes_s / MS  # host -> GPU KV loads (bytes/ms)
         self._tlb = p.value("tlb_overhead")
         self._topk_ns = p.value("topk_ns_per_candidate")
         lag = cfg.perf.lagged_ranks if lagged_ranks is None else lagged_ranks
@@ -237,8 +243,8 @@ class CalibratedStepModel:
         st = self.straggler
         lag = exposed_lag_ms(st.lag_ms, self._absorb, gpu_ms / self._sync_points) \
             if st.lagged else 0.0
-        self.last_straggler_expected_ms = st.expected_ms(lag)
-        return st.sample_ms(lag)
+        self.last_straggler_expected_ms, sample = st.draw(lag)
+        return sample
 
     # -- tensor parallel -------------------------------------------------------------------------
     def _tp_allreduce_ms(self, tokens: float, layers: int) -> float:
@@ -270,7 +276,7 @@ class CalibratedStepModel:
         attention = (a.layers * a.kernel_ms + reqs * e * (q * a.entry_flops / a.flops_ms / t
                                                          + a.entry_bytes / a.bytes_ms))
         indexer = a.decode_indexer_ms(reqs, ctx)
-        dense = (m.num_layers * self._dense_kernel_ms
+        dense = (self._dense_fixed_ms
                  + max(self._dense_bytes / t / self._hbm_ms,
                        tokens * self._dense_flops / t / self._flops_ms))
         comm = self._tp_allreduce_ms(tokens, m.num_layers)
@@ -317,11 +323,9 @@ class CalibratedStepModel:
         moe += self._eplb_overhead_ms(batch.step_index)
         wr, wc = self._busiest_rank(reqs, ctxs, q)
         a = self.attn
-        kd = q * self._dense_flops / self._flops_ms
         attention = a.decode_attention_ms(wr, wc, q)
         indexer = a.decode_indexer_ms(wr, wc)
-        dense = (self.cfg.model.num_layers * self._dense_kernel_ms
-                 + max(self._dense_bytes / self._hbm_ms, wr * kd))
+        dense = self._dense_fixed_ms + max(self._dense_read_ms, wr * self._rank_terms(q)[2])
         gpu = moe + attention + indexer + dense + comm + draft
         return StepBreakdown(moe=moe, attention=attention, indexer=indexer, dense=dense,
                              comm=comm, draft=draft, cpu=cpu, sync=self._sync_ms,
@@ -371,8 +375,9 @@ class CalibratedStepModel:
 
     # -- prefill ---------------------------------------------------------------------------------
     def _prefill_gpu(self, tokens_total: float, requests: int, mean_context: float, n: int,
-                     b: float) -> dict[str, float]:
-        """GPU parts of a prefill step computing `tokens_total` tokens on `n` ranks (ms)."""
+                     b: float) -> tuple[float, float, float, float, float]:
+        """GPU parts of a prefill step computing `tokens_total` tokens on `n` ranks:
+        (moe, attention, indexer, dense, comm) in ms."""
         g = gather_factor(self.prefill_opts, self._tlb)
         a = self.attn
         if self.tp > 1:
@@ -380,26 +385,24 @@ class CalibratedStepModel:
             t = self.tp
             moe = self._moe_tp_ms(self.target, tokens_total)
             comm = self._tp_allreduce_ms(tokens_total, self.cfg.model.num_layers)
-            dense = (self.cfg.model.num_layers * self._dense_kernel_ms
+            dense = (self._dense_fixed_ms
                      + max(self._dense_bytes / t / self._hbm_ms,
                            tokens_total * self._dense_flops / t / self._flops_ms))
             attention = a.prefill_attention_ms(tokens_total / t, mean_context) * g
             score = a.prefill_indexer_score_ms(tokens_total / t, mean_context) * g
             pairs = a.prefill_indexer_pairs(tokens_total / t, mean_context)
             select = topk_select_ms(self.prefill_opts, pairs, self._topk_ns, self._hbm_ms)
-            return {"moe": moe, "comm": comm, "dense": dense, "attention": attention,
-                    "indexer": score + select}
+            return moe, attention, score + select, dense, comm
         per_rank = tokens_total / n
         moe, comm = self._moe_comm(self.target, tokens_total, n, b)
-        dense = (self.cfg.model.num_layers * self._dense_kernel_ms
-                 + max(self._dense_bytes / self._hbm_ms, per_rank * self._dense_flops
+        dense = (self._dense_fixed_ms
+                 + max(self._dense_read_ms, per_rank * self._dense_flops
                        / self._flops_ms))
         attention = a.prefill_attention_ms(per_rank, mean_context) * g
         score = a.prefill_indexer_score_ms(per_rank, mean_context) * g
         pairs = a.prefill_indexer_pairs(per_rank, mean_context)
         select = topk_select_ms(self.prefill_opts, pairs, self._topk_ns, self._hbm_ms)
-        return {"moe": moe, "comm": comm, "dense": dense, "attention": attention,
-                "indexer": score + select}
+        return moe, attention, score + select, dense, comm
 
     def prefill_step(self, batch: PrefillBatch) -> StepBreakdown:
         n = batch.ranks
@@ -412,12 +415,14 @@ class CalibratedStepModel:
         replay = replayed_tokens(self.prefill_opts, cached, self._replay_baseline) * reqs
         if replay > 0:
             more = self._prefill_gpu(batch.new_tokens + replay, reqs, mean_ctx, n, b)
-            share = min(self.prefill_opts.replay_layers, self.cfg.model.num_layers) \
-                / self.cfg.model.num_layers
-            parts = {k: v + (more[k] - v) * share for k, v in parts.items()}
-        host = batch.host_loaded_bytes / n / (self.cfg.hardware.host_link_bw_bytes_s / MS)
+            share = self._replay_share
+            parts = tuple([v + (w - v) * share for v, w in zip(parts, more, strict=True)])
+        moe, attention, indexer, dense, comm = parts
+        host = batch.host_loaded_bytes / n / self._host_link_ms
         cpu = self._cpu_step_ms + admission_ms(batch.admitted_prompt_tokens, self._admit_ns) + host
-        sync = allreduce_ms(self.allreduce, n // self.tp, self.profile.value("allreduce_call_ms"),
-                            self.profile.value("allreduce_hop_ms"))
-        return StepBreakdown(**parts, cpu=cpu, sync=sync,
-                             straggler=self._straggler(sum(parts.values())))
+        sync = self._sync_ms if n == self.ranks else allreduce_ms(
+            self.allreduce, n // self.tp, self.profile.value("allreduce_call_ms"),
+            self.profile.value("allreduce_hop_ms"))
+        gpu = moe + comm + dense + attention + indexer
+        return StepBreakdown(moe, attention, indexer, dense, comm, cpu=cpu, sync=sync,
+                             straggler=self._straggler(gpu))

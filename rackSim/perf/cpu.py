@@ -94,7 +94,11 @@ class StragglerModel:
 
     def sample_ms(self, lag_ms: float | None = None) -> float:
         """One step's straggler delay (ms), never negative."""
+        return self.draw(lag_ms)[1]
+
+    def draw(self, lag_ms: float | None = None) -> tuple[float, float]:
+        """(expected, sampled) straggler delay of one step (ms), from one moments lookup."""
         mean, std = self._step_moments(self.lag_ms if lag_ms is None else lag_ms)
         if std <= 0.0:
-            return mean
-        return max(0.0, self._rng.gauss(mean, std))
+            return mean, mean
+        return mean, max(0.0, self._rng.gauss(mean, std))

@@ -4,6 +4,10 @@ The engine keeps batch aggregates up to date on admit / retire and hands them ov
 `PrefillBatch` or `DecodeBatch`; a `StepModel` answers with a `StepBreakdown` in milliseconds.
 Step models may hold state that evolves with the steps they price (EPLB load history, a
 seeded straggler generator) but never touch SimPy or globals.
+
+The three records are values: nobody changes one after building it (`with_kv_stall` returns a
+new breakdown). They are not `frozen` dataclasses only because one is built per simulated step
+and a frozen dataclass takes three times as long to build.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from dataclasses import dataclass, fields
 from typing import Protocol
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepBreakdown:
     """Milliseconds spent in each part of a step; `total_ms` is their sum."""
 
@@ -47,7 +51,7 @@ class StepBreakdown:
 COMPONENTS: tuple[str, ...] = tuple(f.name for f in fields(StepBreakdown))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PrefillBatch:
     """One chunked-prefill step of an instance.
 
@@ -68,7 +72,7 @@ class PrefillBatch:
     host_loaded_bytes: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DecodeBatch:
     """One decode step of a DEPn (or TP) instance.
 
