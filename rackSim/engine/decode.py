@@ -75,14 +75,17 @@ class DecodeInstance:
         """
         load = self.load
         prev = self._affinity.get(job.inst.key_base)
-        rank = None
-        if prev is not None and load[prev] < self.max_seqs and self.caches[prev].lookup(job.path):
+        hit = 0
+        if prev is not None and load[prev] < self.max_seqs:
+            hit = self.caches[prev].lookup(job.path)
+        if hit:
             rank = prev
-        if rank is None:  # the first least-loaded rank, as min over (load, rank)
-            rank = min(range(self.ranks), key=load.__getitem__)
+        else:  # the first least-loaded rank
+            rank = load.index(min(load))
+            hit = self.caches[rank].lookup(job.path)
         self.pending[rank] += 1
         load[rank] += 1
-        return rank, self.caches[rank].lookup(job.path)
+        return rank, hit
 
     def deliver(self, job: Job) -> None:
         """KV of `job` is on its rank (push) or readable (pull): it may be admitted."""

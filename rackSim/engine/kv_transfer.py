@@ -25,12 +25,14 @@ class KvTransferChannel:
         self.env, self.mode, self.deliver = env, mode, deliver
         self.out_bw, self.in_bw, self.latency_ms = (prefill_link_bytes_s, decode_link_bytes_s,
                                                     latency_ms)
+        self._bw = min(prefill_link_bytes_s, decode_link_bytes_s)
         self._out_free = [0.0] * n_prefill
         self._in_free = [0.0] * n_ranks
         self.bytes_moved = 0.0
 
     def bandwidth(self) -> float:
-        return min(self.out_bw, self.in_bw)
+        """Bytes/s of one transfer: the slower of its two links."""
+        return self._bw
 
     def read_ms(self, nbytes: float) -> float:
         """Synchronous read by a decode worker (pull mode)."""
@@ -45,7 +47,7 @@ class KvTransferChannel:
         env = self.env
         src, dst = job.rec.prefill_instance, job.decode_rank
         start = max(env.now, self._out_free[src], self._in_free[dst])
-        end = start + kv_transfer_ms(nbytes, self.bandwidth(), self.latency_ms) / 1e3
+        end = start + kv_transfer_ms(nbytes, self._bw, self.latency_ms) / 1e3
         self._out_free[src] = self._in_free[dst] = end
         ev = Timeout(env, end - env.now)
         ev.callbacks.append(lambda _e, j=job: self.deliver(j))
