@@ -6,6 +6,7 @@ sent only after what it waits on), token times monotonic, determinism per seed.
 
 from __future__ import annotations
 
+import gc
 import math
 
 import pytest
@@ -110,3 +111,25 @@ def test_different_seed_differs(smoke_cfg):
     a = _run(base)[1]
     b = _run(with_changes(base, seed=2))[1]
     assert [r.send_s for r in a.requests] != [r.send_s for r in b.requests]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_run_leaves_the_garbage_collector_as_it_found_it(smoke_cfg, enabled):
+    """The run turns automatic collection off (collecting young generations per chunk) and
+    restores the caller's setting, also when interrupted."""
+    cfg = with_changes(smoke_cfg, workload={"replay": {"window_s": 5.0}})
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        _run(cfg)
+        assert gc.isenabled() is enabled
+        sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
+
+        def interrupt(_event):
+            raise KeyboardInterrupt
+
+        sim.env.timeout(1.0).callbacks.append(interrupt)
+        out = sim.run(progress=False)
+        assert out.partial and gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -61,6 +61,28 @@ def test_step_waits_for_the_busiest_rank() -> None:
     assert short.attention == pytest.approx(ref)
 
 
+def test_busiest_rank_mixes_linear_short_and_empty_ranks() -> None:
+    """Per-rank work is attention + indexer + dense of that rank alone; the chosen rank is the
+    one where that is largest, whichever pricing path each rank takes."""
+    m = _model(8)
+    a = m.attn
+
+    def work(r: int, c: float) -> float:
+        return (a.decode_attention_ms(r, c, 4) + a.decode_indexer_ms(r, c)
+                + r * m._rank_terms(4)[2])
+
+    def brute(reqs: list[int], ctxs: list[float]) -> tuple[int, float]:
+        best = max(range(len(reqs)), key=lambda i: work(reqs[i], ctxs[i]) if reqs[i] else -1)
+        return reqs[best], ctxs[best]
+
+    # empty, linear, short, short, linear (ties rank 1), empty ...
+    reqs = [0, 2, 16, 1, 2, 0, 0, 0]
+    ctxs = [0.0, 2 * 100_000.0, 16 * 900.0, 100.0, 2 * 100_000.0, 0.0, 0.0, 0.0]
+    assert m._busiest_rank(reqs, ctxs, 4) == brute(reqs, ctxs) == (16, 16 * 900.0)
+    ctxs[4] = 2 * 4_000_000.0  # a long-context pair outweighs the short requests
+    assert m._busiest_rank(reqs, ctxs, 4) == brute(reqs, ctxs) == (2, ctxs[4])
+
+
 def test_ring_allreduce_costs_more_than_recursive_doubling() -> None:
     ring = _model(32, allreduce="ring").decode_step(_batch(32))
     rd = _model(32, allreduce="recursive_doubling").decode_step(_batch(32))
