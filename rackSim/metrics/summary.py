@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 import pandas as pd
@@ -51,8 +52,7 @@ def requests_frame(records: list[RequestRecord]) -> pd.DataFrame:
 
     Built column by column: `dataclasses.asdict` per record deep-copies every field and took a
     third as long as the simulation itself on the reference run."""
-    cols: dict[str, list] = {c: [getattr(r, c) for r in records] for c in REQUEST_COLUMNS}
-    cols["token_times_s"] = [list(t) for t in cols["token_times_s"]]
+    cols = {c: list(map(attrgetter(c), records)) for c in REQUEST_COLUMNS}
     df = pd.DataFrame(cols) if records else pd.DataFrame(columns=list(REQUEST_COLUMNS))
     df["ttft_ms"] = (df["first_token_s"] - df["send_s"]) * 1e3
     n = df["output_tokens"].astype(float)
@@ -81,14 +81,20 @@ def itl_from_token_times(records: list[RequestRecord], t0: float, t1: float
     return hist
 
 
-def _output_in_window(df: pd.DataFrame, t0: float, t1: float) -> float:
+def _emitting(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first token s, finish s, output tokens) of every request that emitted tokens."""
+    ok = (df["first_token_s"].notna() & df["finish_s"].notna()
+          & (df["output_tokens"] > 0)).to_numpy()
+    return (df["first_token_s"].to_numpy()[ok], df["finish_s"].to_numpy()[ok],
+            df["output_tokens"].to_numpy(float)[ok])
+
+
+def _output_in_window(emitting: tuple[np.ndarray, np.ndarray, np.ndarray], t0: float,
+                      t1: float) -> float:
     """Output tokens emitted in [t0, t1), assuming an even rate over [first, finish]."""
-    ok = df["first_token_s"].notna() & df["finish_s"].notna() & (df["output_tokens"] > 0)
-    d = df[ok]
-    if d.empty:
+    first, fin, n = emitting
+    if not len(first):
         return 0.0
-    first, fin, n = d["first_token_s"].to_numpy(), d["finish_s"].to_numpy(), \
-        d["output_tokens"].to_numpy(float)
     total = ((first >= t0) & (first < t1)).astype(float)  # the first token itself
     span = fin - first
     rest = n - 1
@@ -108,14 +114,15 @@ def timeseries(df: pd.DataFrame, t0: float, t1: float, num_gpus: int,
     if edges[-1] < t1:
         edges = np.append(edges, t1)
     rows = []
-    first = df["first_token_s"]
+    first = df["first_token_s"].to_numpy()
+    cached, uncached = df["cached_tokens"].to_numpy(), df["uncached_tokens"].to_numpy()
+    emitting = _emitting(df)
     for a, b in zip(edges[:-1], edges[1:], strict=True):
         sel = (first >= a) & (first < b)
         w = (b - a) * num_gpus
-        rows.append({"t_s": a - t0,
-                     "cached": df.loc[sel, "cached_tokens"].sum() / w,
-                     "uncached": df.loc[sel, "uncached_tokens"].sum() / w,
-                     "output": _output_in_window(df, a, b) / w})
+        rows.append({"t_s": a - t0, "cached": cached[sel].sum() / w,
+                     "uncached": uncached[sel].sum() / w,
+                     "output": _output_in_window(emitting, a, b) / w})
     return pd.DataFrame(rows)
 
 
@@ -131,7 +138,7 @@ def summarize(records: list[RequestRecord], step_rows: list[tuple], itl: Latency
     in_win = (first >= t0) & (first < t1)
     cached = float(df.loc[in_win, "cached_tokens"].sum())
     uncached = float(df.loc[in_win, "uncached_tokens"].sum())
-    output = _output_in_window(df, t0, t1)
+    output = _output_in_window(_emitting(df), t0, t1)
     if itl is None:
         itl = itl_from_token_times(records, t0, t1)
     sent = df[(df["send_s"] >= t0) & (df["send_s"] < t1) & (df["phase"] != "primer")]
