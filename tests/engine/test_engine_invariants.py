@@ -115,8 +115,8 @@ def test_different_seed_differs(smoke_cfg):
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_run_leaves_the_garbage_collector_as_it_found_it(smoke_cfg, enabled):
-    """The run turns automatic collection off (collecting young generations per chunk) and
-    restores the caller's setting, also when interrupted."""
+    """The run turns automatic collection off and restores the caller's setting, also when
+    interrupted."""
     cfg = with_changes(smoke_cfg, workload={"replay": {"window_s": 5.0}})
     was = gc.isenabled()
     try:
