@@ -169,10 +169,8 @@ class DecodeInstance:
                 continue
             step = self.step
             n_admitted = len(admitted)
-            batch = DecodeBatch(requests_per_rank=n_req, context_tokens_per_rank=self.ctx,
-                                tokens_per_request=a, draft_tokens=draft_tokens,
-                                new_loads=n_admitted, admitted_prompt_tokens=prompt_tokens,
-                                step_index=step)
+            batch = DecodeBatch(n_req, self.ctx, a, draft_tokens, n_admitted, prompt_tokens,
+                                step)
             cost = model.decode_step(batch)
             if stall_ms > 0:
                 cost = cost.with_kv_stall(stall_ms)

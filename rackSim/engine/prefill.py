@@ -42,7 +42,8 @@ class PrefillInstance:
     def estimated_uncached(self, job: Job) -> int:
         """Prompt tokens this instance would compute for `job` if it started now."""
         gpu, host = self.cache.lookup(job.path)
-        return max(1, job.prompt_tokens - (gpu + host) * BLOCK_TOKENS)
+        uncached = job.prompt_tokens - (gpu + host) * BLOCK_TOKENS
+        return uncached if uncached > 1 else 1
 
     def submit(self, job: Job, uncached: int | None = None) -> None:
         """Queue `job`; `uncached` is its estimated uncached tokens here, if already known."""

@@ -82,8 +82,10 @@ class BlockCache:
             pins = self._pins
             for node, blocks in path:  # grow root first so residency stays prefix-closed
                 have = res.get(node, 0)
-                add = min(max(0, blocks - have), room)
-                if add:
+                add = blocks - have
+                if add > room:
+                    add = room
+                if add > 0:
                     res[node] = have + add
                     self.used += add
                     room -= add

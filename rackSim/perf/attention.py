@@ -69,8 +69,9 @@ class AttentionCost:
 
     def entries(self, context: float) -> float:
         """Entries one query attends over all layers at `context` tokens."""
-        w = min(context, self.window)
-        return (self.csa_layers * (w + min(context / self.csa_compress, self.topk_entries))
+        w = context if context < self.window else self.window
+        sel = context / self.csa_compress
+        return (self.csa_layers * (w + (sel if sel < self.topk_entries else self.topk_entries))
                 + self.hca_layers * (w + context / self.hca_compress) + self.swa_layers * w)
 
     def decode_attention_ms(self, requests: float, context_tokens: float, q: int) -> float:
