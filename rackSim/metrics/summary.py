@@ -70,6 +70,7 @@ def itl_from_token_times(records: list[RequestRecord], t0: float, t1: float
                          ) -> LatencyHistogram:
     """ITL histogram from recorded token arrival times (measured runs)."""
     hist = LatencyHistogram()
+    kept = []
     for r in records:
         t = np.asarray(r.token_times_s, dtype=float)
         if t.size < 2:
@@ -77,7 +78,9 @@ def itl_from_token_times(records: list[RequestRecord], t0: float, t1: float
         gaps = np.diff(t) * 1e3
         keep = (t[1:] >= t0) & (t[1:] < t1)
         if keep.any():
-            hist.add_many(np.maximum(gaps[keep], 1e-6))
+            kept.append(np.maximum(gaps[keep], 1e-6))
+    if kept:
+        hist.add_many(np.concatenate(kept))
     return hist
 
 
