@@ -23,9 +23,8 @@ class KvTransferChannel:
                  decode_link_bytes_s: float, latency_ms: float, n_prefill: int, n_ranks: int,
                  deliver: Callable[[Job], None]):
         self.env, self.mode, self.deliver = env, mode, deliver
-        self.out_bw, self.in_bw, self.latency_ms = (prefill_link_bytes_s, decode_link_bytes_s,
-                                                    latency_ms)
-        self._bw = min(prefill_link_bytes_s, decode_link_bytes_s)
+        self.latency_ms = latency_ms
+        self._bw = min(prefill_link_bytes_s, decode_link_bytes_s)  # a transfer's bytes/s
         self._out_free = [0.0] * n_prefill
         self._in_free = [0.0] * n_ranks
         self.bytes_moved = 0.0
