@@ -16,6 +16,14 @@ from rackSim.workload.tokens import (
 )
 
 
+@st.composite
+def graph_and_two_requests(draw: st.DrawFn) -> tuple[SessionGraph, int, int]:
+    """A session graph and two of its request ids (possibly the same)."""
+    g = draw(session_graphs())
+    rid = st.integers(0, len(g.requests) - 1)
+    return g, draw(rid), draw(rid)
+
+
 def _common(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     diff = np.nonzero(a[:n] != b[:n])[0]
@@ -38,11 +46,10 @@ def _tree_shared_tokens(g: SessionGraph, a: int, b: int) -> int:
 
 
 @settings(max_examples=60, deadline=None)
-@given(session_graphs(), st.data())
-def test_token_ids_share_exactly_the_tree_prefix(g: SessionGraph, data: st.DataObject) -> None:
+@given(graph_and_two_requests())
+def test_token_ids_share_exactly_the_tree_prefix(drawn: tuple[SessionGraph, int, int]) -> None:
+    g, a, b = drawn
     inst = SessionInstance(g, key_base=5 << 20)
-    a = data.draw(st.integers(0, len(g.requests) - 1))
-    b = data.draw(st.integers(0, len(g.requests) - 1))
     ta, tb = prompt_token_ids(inst, a), prompt_token_ids(inst, b)
     assert len(ta) == g.requests[a].prompt_tokens
     assert ta.min(initial=FIRST_TOKEN_ID) >= FIRST_TOKEN_ID and ta.max(initial=0) < 32_000
@@ -54,11 +61,10 @@ def test_token_ids_share_exactly_the_tree_prefix(g: SessionGraph, data: st.DataO
 
 
 @settings(max_examples=60, deadline=None)
-@given(session_graphs(), st.data())
-def test_block_hashes_match_token_content(g: SessionGraph, data: st.DataObject) -> None:
+@given(graph_and_two_requests())
+def test_block_hashes_match_token_content(drawn: tuple[SessionGraph, int, int]) -> None:
+    g, a, b = drawn
     inst = SessionInstance(g, key_base=7 << 20)
-    a = data.draw(st.integers(0, len(g.requests) - 1))
-    b = data.draw(st.integers(0, len(g.requests) - 1))
     ha, hb = block_hashes(inst, a), block_hashes(inst, b)
     assert len(ha) == g.requests[a].prompt_tokens // BLOCK_TOKENS
     ca = token_block_hashes(prompt_token_ids(inst, a))
