@@ -121,8 +121,9 @@ class ReplayDriver:
         if self.stop_reason is None:
             self.stop_reason = reason
 
-    def _endpoint(self, lane: int) -> str:
-        return self._infos[lane % len(self._infos)].url
+    def _server(self, lane: int) -> ServerInfo:
+        """The server a lane's requests go to: endpoint lane mod n (session affinity)."""
+        return self._infos[lane % len(self._infos)]
 
     # -- sending ---------------------------------------------------------------------------
     async def _request(self, client: httpx.AsyncClient, inst: SessionInstance, spec: RequestSpec,
@@ -133,7 +134,7 @@ class ReplayDriver:
         if key in self.done:
             self.skipped += 1
             return
-        info = self._infos[lane % len(self._infos)]
+        info = self._server(lane)
         ids = salted_ids(prompt_token_ids(inst, spec.rid, self.s.vocab_size), self.salt,
                          self.s.vocab_size)
         rec = RequestRecord(session_id=inst.graph.session_id, rid=spec.rid, lane=lane,
