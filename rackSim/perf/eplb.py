@@ -113,9 +113,8 @@ class Placement:
     __slots__ = ("expert_of_slot", "rank_of_slot", "ranks", "counts", "_gather", "_bins")
 
     def __init__(self, expert_of_slot: np.ndarray, rank_of_slot: np.ndarray, ranks: int,
-                 experts: int | None = None):
+                 experts: int):
         layers, slots = expert_of_slot.shape
-        experts = slots if experts is None else experts
         self.expert_of_slot, self.rank_of_slot, self.ranks = expert_of_slot, rank_of_slot, ranks
         self.counts = replica_counts(expert_of_slot, experts)
         rows = np.arange(layers)[:, None]
@@ -134,12 +133,6 @@ class Placement:
         per_rank = np.bincount(self._bins, weights=slot_load, minlength=layers * self.ranks)
         per_rank = per_rank.reshape(layers, self.ranks)
         return float(per_rank.mean(axis=1).sum() / per_rank.max(axis=1).sum())
-
-
-def balancedness_of(load: np.ndarray, expert_of_slot: np.ndarray, rank_of_slot: np.ndarray,
-                    ranks: int) -> float:
-    """sum_l mean_r load / sum_l max_r load for a placement (replica load split evenly)."""
-    return Placement(expert_of_slot, rank_of_slot, ranks, load.shape[1]).balancedness(load)
 
 
 class EplbState:
