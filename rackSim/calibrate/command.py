@@ -1,4 +1,8 @@
-"""`racksim-calibrate`: fit a calibration profile and print the fit table, or explain a step."""
+"""`racksim-calibrate`: fit a calibration profile and print the fit table, or explain a step.
+
+Subcommands (each its own module with a `main(argv)`): `racksim-calibrate headline` (what the
+published headline implies, rackSim.calibrate.headline).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ from rackSim.perf.profile import Profile
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="racksim-calibrate", description=__doc__)
+    ap = argparse.ArgumentParser(prog="racksim-calibrate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_PROFILE,
                     help="profile to write (default: %(default)s)")
     ap.add_argument("--no-aic", action="store_true",
@@ -27,7 +32,18 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+#: subcommand -> module whose `main(argv)` handles it
+SUBCOMMANDS = {
+    "headline": "rackSim.calibrate.headline",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in SUBCOMMANDS:
+        import importlib
+
+        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     args = _parser().parse_args(argv)
     if args.explain:
         from rackSim.calibrate.explain import explain
