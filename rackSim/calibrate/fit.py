@@ -160,9 +160,11 @@ def _fit_stage(p: Profile, names: list[str], residual: Callable[[Profile], np.nd
 
 def _rel(pred: dict[str, float], pub: dict[str, float], keys: list[str],
          sigma: dict[str, float] | None = None) -> np.ndarray:
+    """Relative residuals of `keys`; keys whose figure is not in `pub` (left out by
+    fit_published's `exclude`) are skipped, so a stage may have no residual left."""
     sigma = sigma or {}
     return np.array([(pred[k] / pub[k.split("@")[0]] - 1.0) / sigma.get(k.split("@")[0], 1.0)
-                     for k in keys])
+                     for k in keys if k.split("@")[0] in pub])
 
 
 def fit_kernels(p: Profile, log: Callable[[str], None]) -> Profile:
@@ -215,8 +217,15 @@ def decode_balancedness(p: Profile) -> dict[int, tuple[float, float]]:
             for w in t["decode"]["widths"]}
 
 
-def fit_published(p: Profile, log: Callable[[str], None]) -> Profile:
-    pub = figures.published_values()
+def fit_published(p: Profile, log: Callable[[str], None],
+                  exclude: frozenset[str] = frozenset()) -> Profile:
+    """Stages 2-7. `exclude`: figure ids (e.g. {"D3"}) whose rows are left out of every stage
+    (leave-one-out); parameters fitted only to left-out figures keep their initial guesses."""
+    pub = {k: v for k, v in figures.published_values().items()
+           if k.split(".")[0] not in exclude}
+    unknown = exclude - {k.split(".")[0] for k in figures.published_values()}
+    if unknown:
+        raise ValueError(f"exclude: no fitted figure {sorted(unknown)}")
     sigma = figures.targets().get("sigma", {})
     csv_src = "calibration/published_figures.csv"
     for which, fid in (("target", "E1"), ("draft", "E2")):
@@ -264,6 +273,11 @@ def fit_published(p: Profile, log: Callable[[str], None]) -> Profile:
                    lambda q: _rel(figures.predict_low_latency(q), pub,
                                   ["L1.standard", "L1.low_latency"]), ["L1"], csv_src)
     log("fitted small-batch TP decode latency (L1); L2 predicted")
+    for entry in p.params.values():
+        if exclude and any(t in exclude for t in entry["fitted_to"]):
+            entry["fitted_to"] = [t for t in entry["fitted_to"] if t not in exclude]
+            if not entry["fitted_to"]:
+                entry["source"] = "initial guess (not fitted: its figures were left out)"
     return p
 
 
@@ -288,7 +302,8 @@ def fit_table(p: Profile) -> list[dict[str, object]]:
     return rows
 
 
-def calibrate(previous: Profile | None, use_aic: bool, log: Callable[[str], None]) -> Profile:
+def calibrate(previous: Profile | None, use_aic: bool, log: Callable[[str], None],
+              exclude: frozenset[str] = frozenset()) -> Profile:
     p = start_profile(previous)
     if use_aic:
         p = fit_kernels(p, log)
@@ -297,7 +312,7 @@ def calibrate(previous: Profile | None, use_aic: bool, log: Callable[[str], None
         log("--no-aic: kernel parameters kept from the previous profile")
     else:
         log("--no-aic: kernel parameters stay at their initial guesses (not fitted)")
-    p = fit_published(p, log)
+    p = fit_published(p, log, exclude)
     p.residuals = fit_table(p)
     _record_quality(p)
     p.meta = {"hardware": "GB300-NVL72", "model": "DeepSeek-V4.1-Flash",
