@@ -35,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
 #: subcommand -> module whose `main(argv)` handles it
 SUBCOMMANDS = {
     "headline": "rackSim.calibrate.headline",
+    "workload": "rackSim.calibrate.headline_fit",
 }
 
 

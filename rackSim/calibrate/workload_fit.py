@@ -1,0 +1,328 @@
+"""Fit the AgentX workload, the concurrency and the layout to the headline (H1-H3).
+
+The AgentX per-session statistics, the concurrency and the number of prefill instances are not
+published; H1 (tokens/s/GPU), H2 (P90 tokens/s per user) and H3 (revenue per GPU-hour) are.
+This module finds the values of the free parameters under which the *simulated* run lands on
+all three at once, with the simulator in the loop:
+
+* the objective is a maximum a-posteriori least-squares problem in log space: for each target
+  `log(simulated / published) / sigma_target`, and for each free parameter
+  `(log value - log prior) / prior_width`. The priors are the generator's documented
+  assumptions (shared/reference/agentx.md: contexts growing from ~15-30K to 100K+ over tens of
+  turns, a few hundred output tokens, tool delays of seconds); their widths say how far the
+  data may move them. Three targets cannot pin five parameters alone; the priors make the
+  problem well posed and the leave-one-out check meaningful.
+* scipy's `least_squares` (trust-region reflective, bounds = the plausible range of each
+  parameter) minimises it; the Jacobian is a forward difference with a step large enough to
+  step over the simulator's discreteness, its simulations run in parallel (joblib). Every
+  simulation uses the same seed (common random numbers), so the objective is deterministic.
+* the layout (prefill instances, decode width) is discrete: each candidate layout allowed by
+  H4 gets its own fit, and the one with the smallest objective becomes the reference; the
+  others are reported as alternatives (identifiability), with what each predicts for a what-if
+  (the other decode width at the same prefill instances).
+
+Each evaluation simulates a short window (`window_s`, default 60 s) after a short warm-up;
+`racksim-calibrate workload --check-hour` shows that the fitted point's one-hour run agrees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from rackSim.calibrate.headline import Headline, Layout
+
+#: Summary keys of the simulated figures each headline row is compared with.
+TARGET_KEYS = {"H1": "throughput_tok_s_gpu", "H2": "interactivity_tok_s",
+               "H3": "revenue_usd_gpu_h"}
+
+
+@dataclass(frozen=True)
+class FreeParameter:
+    """One fitted quantity: where it lives in the scenario, its prior and its plausible range.
+
+    `path` is a dotted scenario key; for a Dist of the AgentX generator it names the Dist and
+    `dist_field` the field fitted (the median), the Dist's other fields stay as assumed."""
+
+    name: str
+    path: str
+    prior: float
+    prior_width: float      # sd of the log prior
+    low: float              # plausible range (bounds of the fit)
+    high: float
+    unit: str
+    why: str                # the plausibility statement (agentx.md)
+    dist_field: str | None = None
+
+
+#: The free parameters of the AgentX workload and the replay. Priors are the generator's
+#: assumed defaults (rackSim.workload.agentx); ranges are what agentx.md calls plausible for
+#: coding agents. Concurrency has no public figure: a wide prior.
+FREE_PARAMETERS: tuple[FreeParameter, ...] = (
+    FreeParameter("new_tokens_median", "workload.agentx.new_tokens", 900.0, 1.0, 50.0, 8000.0,
+                  "tokens per turn", "tool results appended per turn: file reads, command "
+                  "output (hundreds to thousands of tokens)", "median"),
+    FreeParameter("output_tokens_median", "workload.agentx.output_tokens", 220.0, 0.7, 50.0,
+                  1200.0, "tokens per request", "'a few hundred output tokens per turn'",
+                  "median"),
+    FreeParameter("turns_median", "workload.agentx.turns", 25.0, 0.7, 8.0, 120.0,
+                  "turns per session", "'contexts growing ... over tens of turns'", "median"),
+    FreeParameter("tool_delay_s_median", "workload.agentx.tool_delay_s", 1.5, 1.0, 0.1, 30.0,
+                  "s", "'tool delays of seconds'", "median"),
+    FreeParameter("concurrency", "workload.replay.concurrency", 2000.0, 2.0, 50.0, 40000.0,
+                  "agent clients", "not public; live agent clients of the benchmark run"),
+)
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """How the fit simulates and weighs: targets' log-sd, window, warm-up, seed, parallelism."""
+
+    target_sigma: float = 0.03
+    window_s: float = 60.0
+    warmup_requests_per_lane: int = 2
+    seed: int = 0
+    jobs: int = 2
+    diff_step: float = 0.08     # relative step of the forward-difference Jacobian (in log x)
+    max_evaluations: int = 12   # least_squares iterations (each costs 1 + k simulations)
+    tolerance: float = 0.10     # converged: every target within this relative error
+
+
+def scenario_changes(params: dict[str, float], layout: Layout, base: dict[str, Any],
+                     settings: FitSettings, free: Sequence[FreeParameter] = FREE_PARAMETERS
+                     ) -> dict[str, Any]:
+    """Nested `with_changes` sections that put `params` and `layout` into the base scenario
+    (`base` = the base RunConfig's model_dump)."""
+    changes: dict[str, Any] = {
+        "seed": settings.seed, "progress": False,
+        "deployment": {"name": layout_label(layout),
+                       "prefill": {"instances": layout.prefill_instances,
+                                   "gpus_per_instance": layout.prefill_gpus_per_instance},
+                       "decode": {"gpus": layout.decode_gpus}},
+        "workload": {"replay": {"window_s": settings.window_s, "drain_s": 0.0,
+                                "warmup_requests_per_lane": settings.warmup_requests_per_lane}},
+    }
+    for p in free:
+        if p.name not in params:
+            continue
+        value = params[p.name]
+        keys = p.path.split(".")
+        node = changes
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        if p.dist_field is None:
+            node[keys[-1]] = int(round(value)) if p.name == "concurrency" else value
+        else:
+            dist = dict(_lookup(base, keys) or {})
+            dist[p.dist_field] = value
+            node[keys[-1]] = dist
+    return changes
+
+
+def _lookup(tree: dict[str, Any], keys: Sequence[str]) -> Any:
+    for k in keys:
+        tree = tree.get(k) if isinstance(tree, dict) else None
+        if tree is None:
+            return None
+    return tree
+
+
+def layout_label(layout: Layout) -> str:
+    return (f"P{layout.prefill_instances}xDEP{layout.prefill_gpus_per_instance}"
+            f"+DEP{layout.decode_gpus}")
+
+
+def simulate_point(base_overrides: Sequence[str], params: dict[str, float], layout: Layout,
+                   settings: FitSettings) -> dict[str, float]:
+    """Simulate one parameter point (in this process) and return its summary figures."""
+    from rackSim.config import compose_scenario
+    from rackSim.config.scenarios import with_changes
+    from rackSim.run import simulate
+
+    base = compose_scenario(list(base_overrides))
+    dump = base.model_dump(mode="json")
+    if dump["workload"].get("agentx") is None:
+        from rackSim.workload.agentx import AgentXSpec
+
+        dump["workload"]["agentx"] = AgentXSpec().model_dump(mode="json")
+        base = with_changes(base, workload={"agentx": dump["workload"]["agentx"]})
+    cfg = with_changes(base, **scenario_changes(params, layout, dump, settings))
+    s = simulate(cfg, progress=False).summary
+    keys = list(TARGET_KEYS.values()) + [
+        "cached_input_tok_s_gpu", "uncached_input_tok_s_gpu", "output_tok_s_gpu",
+        "cache_hit_rate", "ttft_p50_ms", "ttft_p90_ms", "itl_p90_ms", "decode_step_ms",
+        "requests_sent", "num_gpus"]
+    return {k: float(s[k]) for k in keys}
+
+
+class Evaluator:
+    """Simulates parameter points, in parallel where it can, remembering every result on
+    disk (`cache_path`, JSON lines) so an interrupted or repeated fit does not simulate a
+    point twice."""
+
+    def __init__(self, base_overrides: Sequence[str], settings: FitSettings,
+                 cache_path: Path | None = None,
+                 simulate: Callable[..., dict[str, float]] = simulate_point):
+        self.base_overrides = list(base_overrides)
+        self.settings = settings
+        self.cache_path = cache_path
+        self._simulate = simulate
+        self.cache: dict[str, dict[str, float]] = {}
+        self.simulations = 0
+        if cache_path is not None and cache_path.is_file():
+            for line in cache_path.read_text().splitlines():
+                if line.strip():
+                    rec = json.loads(line)
+                    self.cache[rec["key"]] = rec["out"]
+
+    def key(self, params: dict[str, float], layout: Layout) -> str:
+        blob = json.dumps([self.base_overrides, sorted((k, round(v, 6)) for k, v in
+                                                       params.items()),
+                           [layout.prefill_instances, layout.prefill_gpus_per_instance,
+                            layout.decode_gpus],
+                           self.settings.window_s, self.settings.warmup_requests_per_lane,
+                           self.settings.seed])
+        return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+    def __call__(self, points: Sequence[tuple[dict[str, float], Layout]]
+                 ) -> list[dict[str, float]]:
+        keys = [self.key(p, lay) for p, lay in points]
+        todo = [(k, p, lay) for k, (p, lay) in zip(keys, points, strict=True)
+                if k not in self.cache]
+        todo = list({k: (k, p, lay) for k, p, lay in todo}.values())
+        if todo:
+            outs = self._run([(p, lay) for _, p, lay in todo])
+            for (k, _, _), out in zip(todo, outs, strict=True):
+                self.cache[k] = out
+                if self.cache_path is not None:
+                    with open(self.cache_path, "a") as f:
+                        f.write(json.dumps({"key": k, "out": out}) + "\n")
+            self.simulations += len(todo)
+        return [self.cache[k] for k in keys]
+
+    def _run(self, points: list[tuple[dict[str, float], Layout]]) -> list[dict[str, float]]:
+        if self.settings.jobs <= 1 or len(points) == 1 or self._simulate is not simulate_point:
+            return [self._simulate(self.base_overrides, p, lay, self.settings)
+                    for p, lay in points]
+        from joblib import Parallel, delayed
+
+        return Parallel(n_jobs=self.settings.jobs)(
+            delayed(simulate_point)(self.base_overrides, p, lay, self.settings)
+            for p, lay in points)
+
+
+@dataclass
+class LayoutFit:
+    """The fit of one layout: fitted values, simulated figures there, and how well."""
+
+    layout: Layout
+    params: dict[str, float]
+    figures: dict[str, float]
+    errors: dict[str, float]          # relative error per target
+    cost: float                       # the MAP objective (half the sum of squares)
+    converged: bool
+    posterior_sd: dict[str, float]    # sd of log value from the final Jacobian
+    fitted_names: tuple[str, ...]
+    targets: tuple[str, ...]
+    whatif: dict[str, float] = field(default_factory=dict)
+
+
+class WorkloadFit:
+    """The MAP fit of the free parameters for given layouts (see the module docstring)."""
+
+    def __init__(self, headline: Headline, evaluate: Evaluator,
+                 free: Sequence[FreeParameter] = FREE_PARAMETERS,
+                 fixed: dict[str, float] | None = None):
+        self.h, self.evaluate = headline, evaluate
+        self.settings = evaluate.settings
+        self.fixed = dict(fixed or {})
+        self.free = [p for p in free if p.name not in self.fixed]
+        self.all = list(free)
+
+    def published(self, fid: str) -> float:
+        return {"H1": self.h.throughput_tok_s_gpu, "H2": self.h.interactivity_tok_s_user,
+                "H3": self.h.revenue_usd_gpu_h}[fid]
+
+    def _params(self, x: np.ndarray) -> dict[str, float]:
+        out = {p.name: float(math.exp(v)) for p, v in zip(self.free, x, strict=True)}
+        out.update(self.fixed)
+        return out
+
+    def residuals(self, out: dict[str, float], x: np.ndarray, targets: Sequence[str]
+                  ) -> np.ndarray:
+        r = [math.log(max(out[TARGET_KEYS[t]], 1e-9) / self.published(t))
+             / self.settings.target_sigma for t in targets]
+        r += [(v - math.log(p.prior)) / p.prior_width for p, v in zip(self.free, x, strict=True)]
+        return np.array(r)
+
+    def fit(self, layout: Layout, start: dict[str, float],
+            targets: Sequence[str] = ("H1", "H2", "H3"),
+            log: Callable[[str], None] = lambda s: None) -> LayoutFit:
+        lo = np.log([p.low for p in self.free])
+        hi = np.log([p.high for p in self.free])
+        x0 = np.clip(np.log([start.get(p.name, p.prior) for p in self.free]), lo + 1e-6,
+                     hi - 1e-6)
+        step = self.settings.diff_step
+
+        def fun(x: np.ndarray) -> np.ndarray:
+            out = self.evaluate([(self._params(x), layout)])[0]
+            r = self.residuals(out, x, targets)
+            log(f"  {layout_label(layout)} " + " ".join(
+                f"{p.name}={math.exp(v):.4g}" for p, v in zip(self.free, x, strict=True))
+                + " -> " + " ".join(f"{t} {out[TARGET_KEYS[t]] / self.published(t) - 1:+.1%}"
+                                    for t in ("H1", "H2", "H3")))
+            return r
+
+        def jac(x: np.ndarray) -> np.ndarray:
+            xs = [x.copy() for _ in self.free]
+            for i, xi in enumerate(xs):
+                xi[i] = xi[i] + step if xi[i] + step <= hi[i] else xi[i] - step
+            outs = self.evaluate([(self._params(xi), layout) for xi in [x, *xs]])
+            r0 = self.residuals(outs[0], x, targets)
+            cols = [(self.residuals(o, xi, targets) - r0) / (xi[i] - x[i])
+                    for i, (o, xi) in enumerate(zip(outs[1:], xs, strict=True))]
+            return np.column_stack(cols)
+
+        res = least_squares(fun, x0, jac=jac, bounds=(lo, hi), method="trf",
+                            max_nfev=self.settings.max_evaluations, x_scale=1.0)
+        params = self._params(res.x)
+        out = self.evaluate([(params, layout)])[0]
+        errors = {t: out[TARGET_KEYS[t]] / self.published(t) - 1.0 for t in ("H1", "H2", "H3")}
+        converged = all(abs(errors[t]) <= self.settings.tolerance for t in targets)
+        try:
+            cov = np.linalg.pinv(res.jac.T @ res.jac)
+            sd = {p.name: float(math.sqrt(max(cov[i, i], 0.0)))
+                  for i, p in enumerate(self.free)}
+        except np.linalg.LinAlgError:
+            sd = {p.name: math.nan for p in self.free}
+        return LayoutFit(layout, params, out, errors, float(res.cost), converged, sd,
+                         tuple(p.name for p in self.free), tuple(targets))
+
+
+def initial_guess(h: Headline, layout: Layout, requests_per_rank: float,
+                  free: Sequence[FreeParameter] = FREE_PARAMETERS) -> dict[str, float]:
+    """A starting point from the headline arithmetic (not a result): the output and uncached
+    shares the layout implies at its calibrated decode depth set the new-tokens / output ratio
+    (each turn re-sends the previous output uncached), and Little's law sets the clients
+    (decode slots x (decode + tool + queue time) / decode time)."""
+    from rackSim.calibrate.headline import implied
+
+    start = {p.name: p.prior for p in free}
+    imp = implied(h, layout, requests_per_rank)
+    if imp.mix is None or imp.mix.output <= 0:
+        return start
+    out = start["output_tokens_median"]
+    ratio = imp.mix.uncached / imp.mix.output  # uncached tokens per output token
+    start["new_tokens_median"] = min(max(out * (ratio - 1.0), 60.0), 7000.0)
+    decode_s = 1.5 * out / h.accepted_tokens_per_step * h.p90_step_ms / 1e3
+    cycle_s = decode_s + 2.0 * start["tool_delay_s_median"] + 0.5
+    start["concurrency"] = requests_per_rank * layout.decode_gpus * cycle_s / decode_s
+    return start
