@@ -86,8 +86,20 @@ def add_whatif(fit: LayoutFit, evaluate: Evaluator) -> None:
                   / fit.figures["interactivity_tok_s"]}
 
 
+def at_edge(fit: LayoutFit, margin: float = 0.05) -> list[str]:
+    """Fitted parameters within `margin` (in log) of an end of their plausible range."""
+    out = []
+    for p in FREE_PARAMETERS:
+        v = fit.params.get(p.name)
+        if p.name in fit.fitted_names and v is not None and (
+                math.log(v / p.low) < margin or math.log(p.high / v) < margin):
+            out.append(f"{p.name}={v:.4g} (range {p.low:g}-{p.high:g} {p.unit})")
+    return out
+
+
 def fit_summary(fit: LayoutFit) -> dict[str, Any]:
     return {"layout": layout_label(fit.layout), "gpus": fit.layout.gpus,
+            "at_edge_of_plausible_range": at_edge(fit),
             "converged": fit.converged, "objective": round(fit.cost, 4),
             "fitted": sorted(fit.fitted_names), "targets": list(fit.targets),
             "params": {k: _round(v) for k, v in fit.params.items()},

@@ -160,3 +160,12 @@ def test_command_refuses_bad_arguments(capsys: pytest.CaptureFixture[str]) -> No
     assert headline_fit.main(["--layouts", "32:30"]) == 2
     assert "outside H4" in capsys.readouterr().err
     assert headline_fit.main(["--window-s", "0"]) == 2
+
+
+def test_values_at_the_edge_of_plausibility_are_flagged() -> None:
+    h = read_headline()
+    fit = WorkloadFit(h, _evaluator()).fit(Layout(16, 2, 16), {})
+    assert headline_fit.at_edge(fit) == []
+    fit.params["output_tokens_median"] = 51.0  # range 50-1200
+    assert headline_fit.at_edge(fit) == ["output_tokens_median=51 (range 50-1200 tokens "
+                                         "per request)"]
