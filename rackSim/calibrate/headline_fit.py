@@ -224,6 +224,32 @@ def record_yaml(record: dict[str, Any], h: Headline, settings: FitSettings,
     }
 
 
+def _reference_figures(window_s: float, overrides: tuple[str, ...] = ()) -> dict[str, float]:
+    """H1-H3 of the default (reference) scenario, with `overrides`, over `window_s`."""
+    from rackSim.config import compose_scenario
+    from rackSim.run import simulate
+
+    cfg = compose_scenario(["progress=false", *overrides,
+                            f"workload.replay.window_s={window_s}"])
+    s = simulate(cfg, progress=False).summary
+    return {t: float(s[k]) for t, k in TARGET_KEYS.items()} | {
+        "requests_sent": float(s["requests_sent"])}
+
+
+def check_window(short_s: float, long_s: float, jobs: int, overrides: tuple[str, ...] = ()
+                 ) -> dict[str, Any]:
+    """The reference scenario over a short and a long window: each window's H1-H3 and the
+    short window's relative difference from the long one."""
+    from joblib import Parallel, delayed
+
+    short, long = Parallel(n_jobs=min(jobs, 2))(
+        delayed(_reference_figures)(w, overrides) for w in (short_s, long_s))
+    return {"short_window_s": short_s, "long_window_s": long_s,
+            "short": {k: _round(v) for k, v in short.items()},
+            "long": {k: _round(v) for k, v in long.items()},
+            "short_vs_long": {t: round(short[t] / long[t] - 1.0, 4) for t in TARGET_KEYS}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="racksim-calibrate workload", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -241,8 +267,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-alternatives", action="store_true", help="skip identifiability")
     ap.add_argument("--no-loo", action="store_true", help="skip leave-one-out")
     ap.add_argument("--dry-run", action="store_true", help="fit and print, write nothing")
+    ap.add_argument("--check-window", type=float, nargs=2, metavar=("SHORT_S", "LONG_S"),
+                    help="do not fit: simulate the reference scenario over both windows and "
+                         f"record how far the short one is from the long one in {RECORD.name}")
     args = ap.parse_args(argv)
     prog = "racksim-calibrate workload"
+    if args.check_window:
+        if not RECORD.is_file():
+            print(f"{prog}: {RECORD} does not exist: fit first", file=sys.stderr)
+            return 2
+        check = check_window(*args.check_window, args.jobs)
+        rec = yaml.safe_load(RECORD.read_text())
+        rec["window_check"] = check
+        RECORD.write_text(yaml.safe_dump(rec, sort_keys=False, width=100))
+        print(yaml.safe_dump(check, sort_keys=False))
+        return 0
     try:
         h = read_headline()
         layouts = parse_layouts(args.layouts, h)

@@ -22,7 +22,8 @@ all three at once, with the simulator in the loop:
   (the other decode width at the same prefill instances).
 
 Each evaluation simulates a short window (`window_s`, default 60 s) after a short warm-up;
-`racksim-calibrate workload --check-hour` shows that the fitted point's one-hour run agrees.
+`racksim-calibrate workload --check-window 60 3600` records how far such a window is from the
+fitted reference's one-hour run.
 """
 
 from __future__ import annotations

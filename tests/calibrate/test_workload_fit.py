@@ -169,3 +169,18 @@ def test_values_at_the_edge_of_plausibility_are_flagged() -> None:
     fit.params["output_tokens_median"] = 51.0  # range 50-1200
     assert headline_fit.at_edge(fit) == ["output_tokens_median=51 (range 50-1200 tokens "
                                          "per request)"]
+
+
+def test_check_window_compares_two_windows_of_one_scenario() -> None:
+    check = headline_fit.check_window(10.0, 20.0, 1, ("experiment=smoke",))
+    assert check["short"]["requests_sent"] < check["long"]["requests_sent"]
+    for t in ("H1", "H2", "H3"):
+        assert check["short_vs_long"][t] == pytest.approx(
+            check["short"][t] / check["long"][t] - 1, abs=1e-3)
+
+
+def test_check_window_needs_a_fit_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(headline_fit, "RECORD", tmp_path / "none.yaml")
+    assert headline_fit.main(["--check-window", "60", "3600"]) == 2
+    assert "fit first" in capsys.readouterr().err
