@@ -14,13 +14,24 @@ The tables are read from the installed package at run time (never copied into th
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from rackSim.perf.attention import AttentionCost
+from rackSim.perf.dense import (
+    ACTIVATION_BYTES,
+    WEIGHT_BYTES,
+    DenseCost,
+    DenseGeometry,
+    Gemm,
+    GemmKernel,
+    mhc_bytes_per_token,
+)
 from rackSim.perf.moe import MoeKernel, experts_hit_balanced
 
 FIT_EP = (1, 2, 8, 32, 128)
@@ -141,3 +152,239 @@ def fit_indexer(rows: pd.DataFrame, hbm_bw: float, bytes_per_token_layer: float
     pred = res.x[0] / 1e3 + work / res.x[1]
     err = float(np.median(np.abs(pred / measured - 1.0)))
     return float(res.x[0]), float(res.x[1]), err
+
+
+# -- context-phase (prefill) and dense tables ---------------------------------------------------
+SPARSE = "systems/data/gb300/sparse_attention/vllm/0.24.0/"
+GEMM_TABLE = "systems/data/gb300/gemm/vllm/0.24.0/gemm_perf.parquet"
+PREFILL_ATTN_TABLE = SPARSE + "dsv4_hca_attn_module_perf.parquet"
+MHC_TABLE = "systems/data/gb300/mhc/vllm/0.24.0/mhc_module_perf.parquet"
+MODULE_TABLES = {"hca": SPARSE + "dsv4_hca_context_module_perf.parquet",
+                 "csa": SPARSE + "dsv4_csa_context_module_perf.parquet"}
+#: the V4-Flash rows of the attention-module tables (one layer, 64 heads, no TP)
+MODULE_MODEL = {"model": "sgl-project/DeepSeek-V4-Flash-FP8", "num_heads": 64, "tp_size": 1}
+#: our GEMM dtype -> (gemm_dtype, kernel_source) of the table rows that price it. FP8: the
+#: per-tensor CUTLASS rows stand in for vLLM's FP8 block GEMMs, whose DeepGEMM rows sit on a
+#: 0.4-0.6 ms floor at every shape below 16K rows and whose CUTLASS rows stop at N or K = 64.
+GEMM_ROWS = {"fp8": ("fp8", "CutlassFP8ScaledMMLinearKernel"),
+             "bf16": ("bfloat16", "torch.nn.functional.linear")}
+#: smallest N and K fitted (the model's smallest GEMM is the indexer weights_proj, N = 64)
+GEMM_MIN_N, GEMM_MIN_K = 64, 256
+#: module rows checked: enough tokens for prefill (>= 1K per call)
+MODULE_MIN_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class TableFit:
+    """Parameters fitted to a kernel table by least squares on log(predicted / measured), with
+    the |relative error| on the fitted rows and on the rows held out."""
+
+    values: dict[str, float]
+    table: str
+    held_out: str
+    fit_rows: int
+    held_rows: int
+    fit_median_abs_err: float
+    fit_p90_abs_err: float
+    held_median_abs_err: float
+    held_p90_abs_err: float
+
+    def record(self) -> dict[str, object]:
+        """The profile's `kernel_fit` entry."""
+        out: dict[str, object] = {k: getattr(self, k) for k in (
+            "table", "held_out", "fit_rows", "held_rows", "fit_median_abs_err",
+            "fit_p90_abs_err", "held_median_abs_err", "held_p90_abs_err")}
+        return out
+
+
+def fit_rows(predict: Callable[[np.ndarray], np.ndarray], measured: np.ndarray,
+             held: np.ndarray, names: Sequence[str], x0: Sequence[float],
+             bounds: tuple[Sequence[float], Sequence[float]], table: str, held_out: str
+             ) -> TableFit:
+    """Least squares of `predict(x)` (all rows) against `measured` on the rows not `held`."""
+    fit = ~held
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        return np.log(predict(x)[fit] / measured[fit])
+
+    res = least_squares(resid, x0=list(x0), bounds=bounds)
+    err = np.abs(rel_errors(predict(res.x), measured))
+    return TableFit(dict(zip(names, map(float, res.x), strict=True)), table, held_out,
+                    int(fit.sum()), int(held.sum()), float(np.median(err[fit])),
+                    float(np.quantile(err[fit], 0.9)), float(np.median(err[held])),
+                    float(np.quantile(err[held], 0.9)))
+
+
+def every_third(values: np.ndarray, offset: int = 1) -> set[float]:
+    """Every third distinct value (sorted), starting at `offset`: a deterministic hold-out."""
+    return {v for i, v in enumerate(sorted(set(values.tolist()))) if i % 3 == offset}
+
+
+def load_gemm_rows(root: Path, dtype: str) -> pd.DataFrame:
+    kind, source = GEMM_ROWS[dtype]
+    df = pd.read_parquet(root / GEMM_TABLE)
+    df = df[(df.gemm_dtype == kind) & (df.kernel_source == source)
+            & (df.n >= GEMM_MIN_N) & (df.k >= GEMM_MIN_K)]
+    return df[["m", "n", "k", "latency"]].reset_index(drop=True)
+
+
+def fit_gemm(rows: pd.DataFrame, dtype: str, hbm_bw: float, flops: float) -> TableFit:
+    """GEMM speeds of `dtype` (dense.GemmKernel); every fourth (N, K) shape held out."""
+    m, n, k = (rows[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
+    shapes = sorted(set(zip(rows.n, rows.k, strict=True)))
+    held_shapes = {s for i, s in enumerate(shapes) if i % 4 == 3}
+    held = np.array([s in held_shapes for s in zip(rows.n, rows.k, strict=True)])
+    quant = dtype == "fp8"
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        return GemmKernel(x[0] / 1e3, hbm_bw / 1e3 * x[1], flops / 1e3 * x[2],
+                          x[3] if quant else 0.0, WEIGHT_BYTES[dtype],
+                          ACTIVATION_BYTES[dtype]).ms(m, n, k)
+
+    names = ["kernel_us", "hbm_efficiency", "flops_efficiency"] + (["quant_bytes"] if quant
+                                                                    else [])
+    x0, lo, hi = [5.0, 0.7, 0.6, 2.0], [0.0, 0.01, 0.01, 0.0], [200.0, 1.0, 1.0, 100.0]
+    size = len(names)
+    kind, source = GEMM_ROWS[dtype]
+    return fit_rows(predict, rows.latency.to_numpy(), held, names, x0[:size],
+                    (lo[:size], hi[:size]), f"{GEMM_TABLE} ({kind}, {source})",
+                    "every fourth (N, K) shape")
+
+
+def load_prefill_attention_rows(root: Path) -> pd.DataFrame:
+    df = pd.read_parquet(root / PREFILL_ATTN_TABLE)
+    df = df[df.isl > 1]
+    return df[["batch_size", "isl", "step", "latency"]].reset_index(drop=True)
+
+
+def one_layer_attention(kind: str, geometry: AttentionCost, x: Sequence[float],
+                        hbm_bw: float, bf16_flops: float, fp8_flops: float) -> AttentionCost:
+    """A one-layer stack of `kind` ('csa' or 'hca') with the prefill speeds `x` = (attention
+    kernel us, chunk us, query-bytes HBM efficiency, FLOP efficiency, indexer kernel us,
+    indexer ns per row, indexer FLOP efficiency); the rest of `geometry` is kept."""
+    return replace(
+        geometry, layers=1, csa_layers=int(kind == "csa"), hca_layers=int(kind == "hca"),
+        prefill_kernel_ms=x[0] / 1e3, prefill_chunk_ms=x[1] / 1e3,
+        prefill_bytes_ms=hbm_bw / 1e3 * x[2], prefill_flops_ms=bf16_flops / 1e3 * x[3],
+        indexer_kernel_ms_prefill=x[4] / 1e3, indexer_row_ms_prefill=x[5] * 1e-6,
+        indexer_flops_ms_prefill=fp8_flops / 1e3 * x[6])
+
+
+def fit_prefill_attention(rows: pd.DataFrame, geometry: AttentionCost, hbm_bw: float,
+                          bf16_flops: float) -> TableFit:
+    """Prefill sparse-attention speeds (attention.prefill_attention_ms, one HCA layer) fitted to
+    `flash_mla_sparse_fwd` rows (isl > 1); every third prefix length held out."""
+    b, isl, s = (rows[c].to_numpy(dtype=float) for c in ("batch_size", "isl", "step"))
+    held = np.isin(s, list(every_third(s)))
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        a = one_layer_attention("hca", geometry, [*x, 0.0, 0.0, 1.0], hbm_bw, bf16_flops, 1.0)
+        return np.array([a.prefill_attention_ms(bi * li, si + li / 2.0, bi)
+                         for bi, li, si in zip(b, isl, s, strict=True)])
+
+    return fit_rows(predict, rows.latency.to_numpy(), held,
+                    ["kernel_us", "chunk_us", "hbm_efficiency", "flops_efficiency"],
+                    [10.0, 5.0, 0.5, 0.5], ([0.0, 0.0, 0.01, 0.01], [200.0, 100.0, 1.0, 1.0]),
+                    PREFILL_ATTN_TABLE + " (isl > 1)", "every third prefix length (step)")
+
+
+def load_prefill_indexer_rows(root: Path) -> pd.DataFrame:
+    df = pd.read_parquet(root / INDEXER_TABLE)
+    df = df[df.isl > 1]
+    return df[["batch_size", "isl", "step", "latency"]].reset_index(drop=True)
+
+
+def fit_prefill_indexer(rows: pd.DataFrame, geometry: AttentionCost, fp8_flops: float
+                        ) -> TableFit:
+    """Prefill index-logits speeds (attention.prefill_indexer_score_ms, one CSA layer) fitted
+    to `fp8_fp4_paged_mqa_logits` rows with isl > 1. The collector packs batch x isl query
+    rows of one causal sequence after `step` cached tokens, so each row is a query token at
+    mean context step + rows / 2. Every third prefix length held out."""
+    rows_n = (rows.batch_size * rows.isl).to_numpy(dtype=float)
+    s = rows.step.to_numpy(dtype=float)
+    held = np.isin(s, list(every_third(s)))
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        a = one_layer_attention("csa", geometry, [0.0, 0.0, 1.0, 1.0, *x], 1.0, 1.0, fp8_flops)
+        return np.array([a.prefill_indexer_score_ms(r, si + r / 2.0)
+                         for r, si in zip(rows_n, s, strict=True)])
+
+    return fit_rows(predict, rows.latency.to_numpy(), held,
+                    ["kernel_us", "row_ns", "flops_efficiency"], [5.0, 5.0, 0.5],
+                    ([0.0, 0.0, 0.01], [100.0, 1000.0, 1.0]),
+                    INDEXER_TABLE + " (isl > 1)", "every third prefix length (step)")
+
+
+def load_mhc_rows(root: Path) -> pd.DataFrame:
+    """Pre + post latency per (tokens, hidden): one layer's two hyper-connection sites."""
+    df = pd.read_parquet(root / MHC_TABLE)
+    return (df.groupby(["num_tokens", "hidden_size", "hc_mult"], as_index=False).latency.sum())
+
+
+def fit_mhc(rows: pd.DataFrame, hbm_bw: float, fit_hidden: int) -> TableFit:
+    """mHC kernel time and HBM efficiency (dense.DenseCost.mhc_ms, one layer); the
+    rows of the other hidden size (DeepSeek-V4-Pro's 7168) are held out."""
+    held = rows.hidden_size.to_numpy() != fit_hidden
+    costs = [mhc_bytes_per_token(replace(MHC_GEOMETRY, hidden=int(h), hc_mult=int(c)))
+             for h, c in zip(rows.hidden_size, rows.hc_mult, strict=True)]
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        return np.array([
+            DenseCost((), {}, 1, x[0] / 1e3, c, hbm_bw / 1e3 * x[1]).mhc_ms(t)
+            for t, c in zip(rows.num_tokens, costs, strict=True)])
+
+    return fit_rows(predict, rows.latency.to_numpy(), held, ["kernel_us", "hbm_efficiency"],
+                    [20.0, 0.5], ([0.0, 0.01], [200.0, 1.0]), MHC_TABLE + " (pre + post)",
+                    "hidden size 7168 (DeepSeek-V4-Pro)")
+
+
+#: geometry placeholder for mHC byte counts (only hidden and hc_mult matter)
+MHC_GEOMETRY = DenseGeometry(hidden=0, layers=1, csa_layers=0, hca_layers=0, heads=0,
+                             head_dim=0, q_lora_rank=0, o_lora_rank=0, o_groups=1,
+                             indexer_heads=0, indexer_head_dim=0, shared_intermediate=0,
+                             routed_experts=0, vocab=0, hc_mult=0)
+
+
+def load_module_rows(root: Path, kind: str) -> pd.DataFrame:
+    """One attention layer of `kind` ('csa', 'hca'), V4-Flash, no prefix, >= 1K tokens."""
+    df = pd.read_parquet(root / MODULE_TABLES[kind])
+    for k, v in MODULE_MODEL.items():
+        df = df[df[k] == v]
+    df = df[(df.step == 0) & (df.batch_size * df.isl >= MODULE_MIN_TOKENS)]
+    return df[["batch_size", "isl", "latency"]].reset_index(drop=True)
+
+
+def module_block_ms(kind: str, batch: float, isl: float, gemms: Sequence[Gemm],
+                    kernels: dict[str, GemmKernel], attn: AttentionCost, topk_ms_per_pair: float
+                    ) -> float:
+    """One attention layer of `kind` for `batch` requests of `isl` new tokens, no prefix: its
+    GEMMs, sparse attention, and (CSA) index logits and single-pass top-k (ms)."""
+    tokens = batch * isl
+    own = ("attn.", f"compressor.{kind}") + (("indexer.",) if kind == "csa" else ())
+    total = sum(kernels[g.dtype].ms(tokens, g.n, g.k, g.groups) for g in gemms
+                if g.name.startswith(own))
+    layer = replace(attn, layers=1, csa_layers=int(kind == "csa"), hca_layers=int(kind == "hca"))
+    total += layer.prefill_attention_ms(tokens, isl / 2.0, batch)
+    if kind == "csa":
+        total += layer.prefill_indexer_score_ms(tokens, isl / 2.0)
+        total += layer.prefill_indexer_pairs(tokens, isl / 2.0) * topk_ms_per_pair
+    return total
+
+
+def check_attention_module(rows: dict[str, pd.DataFrame], gemms: Sequence[Gemm],
+                           kernels: dict[str, GemmKernel], attn: AttentionCost,
+                           topk_ms_per_pair: float) -> dict[str, object]:
+    """The fitted parts summed over one attention layer (`module_block_ms`) against the
+    measured CSA and HCA module tables, which no fit has seen: per kind, the median signed
+    error and the median / 90th-percentile |error|."""
+    kinds: dict[str, dict[str, float]] = {}
+    for kind, df in rows.items():
+        pred = np.array([module_block_ms(kind, b, i, gemms, kernels, attn, topk_ms_per_pair)
+                         for b, i in zip(df.batch_size, df.isl, strict=True)])
+        err = rel_errors(pred, df.latency.to_numpy())
+        kinds[kind] = {"rows": len(df), "median_error": float(np.median(err)),
+                       "median_abs_err": float(np.median(np.abs(err))),
+                       "p90_abs_err": float(np.quantile(np.abs(err), 0.9))}
+    return {"tables": dict(MODULE_TABLES), "rows": (f"{MODULE_MODEL}, step 0, >= "
+                                                    f"{MODULE_MIN_TOKENS} tokens"),
+            "kinds": kinds}

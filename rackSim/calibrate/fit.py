@@ -29,6 +29,8 @@ from scipy.optimize import least_squares
 
 from rackSim.calibrate import aic, figures
 from rackSim.calibrate.scenario import operating_point
+from rackSim.perf.calibrated import CalibratedStepModel
+from rackSim.perf.prefill_opts import LOGIT_BYTES
 from rackSim.perf.profile import Profile
 
 AIC_MISSING = ("aiconfigurator-core is not installed: skipping the kernel-table fit (b); "
@@ -43,6 +45,24 @@ START: dict[str, tuple[float, float, float, str]] = {
     "moe_token_bytes": (2.0, 0.0, 200.0, "bytes per routed token per hidden element"),
     "indexer_kernel_us": (5.0, 0.0, 100.0, "us per layer"),
     "indexer_hbm_efficiency": (0.5, 0.01, 1.0, "fraction of peak HBM bandwidth"),
+    "gemm_fp8_kernel_us": (5.0, 0.0, 200.0, "us per FP8 GEMM"),
+    "gemm_fp8_hbm_efficiency": (0.7, 0.01, 1.0, "fraction of peak HBM bandwidth"),
+    "gemm_fp8_flops_efficiency": (0.6, 0.01, 1.0, "fraction of peak FP8 FLOP/s"),
+    "gemm_fp8_quant_bytes": (2.0, 0.0, 100.0,
+                             "HBM bytes-equivalent per input element (activation quantisation)"),
+    "gemm_bf16_kernel_us": (5.0, 0.0, 200.0, "us per BF16 GEMM"),
+    "gemm_bf16_hbm_efficiency": (0.7, 0.01, 1.0, "fraction of peak HBM bandwidth"),
+    "gemm_bf16_flops_efficiency": (0.6, 0.01, 1.0, "fraction of peak BF16 FLOP/s"),
+    "mhc_kernel_us": (20.0, 0.0, 200.0, "us per layer (both hyper-connection sites)"),
+    "mhc_hbm_efficiency": (0.5, 0.01, 1.0, "fraction of peak HBM bandwidth"),
+    "prefill_attn_kernel_us": (10.0, 0.0, 200.0, "us per layer"),
+    "prefill_attn_chunk_us": (5.0, 0.0, 100.0, "us per layer per 4-request KV-gather chunk"),
+    "prefill_attn_hbm_efficiency": (0.5, 0.01, 1.0,
+                                    "fraction of peak HBM bandwidth (query read + output)"),
+    "prefill_attn_flops_efficiency": (0.5, 0.01, 1.0, "fraction of peak BF16 FLOP/s"),
+    "prefill_indexer_kernel_us": (5.0, 0.0, 100.0, "us per CSA layer"),
+    "prefill_indexer_row_ns": (5.0, 0.0, 1000.0, "ns per query token per CSA layer"),
+    "prefill_indexer_flops_efficiency": (0.5, 0.01, 1.0, "fraction of peak FP8 FLOP/s"),
     "eplb_sigma_target": (0.3, 0.0, 3.0, "std of log expert popularity"),
     "eplb_sigma_group_target": (1.0, 0.0, 4.0, "std of log group popularity"),
     "eplb_sigma_draft": (0.3, 0.0, 3.0, "std of log expert popularity"),
@@ -53,6 +73,7 @@ START: dict[str, tuple[float, float, float, str]] = {
     "admission_ns_per_token": (7.0, 0.0, 1e4, "ns per prompt token"),
     "attn_flops_efficiency": (0.3, 0.01, 1.0, "fraction of peak BF16 FLOP/s"),
     "megamoe_hbm_efficiency": (0.8, 0.05, 1.0, "fraction of peak HBM bandwidth"),
+    "megamoe_kernel_us": (10.0, 0.0, 200.0, "us per MoE layer (fused MegaMoE kernel)"),
     "dense_kernel_us": (50.0, 0.0, 1000.0, "us per layer (non-MoE kernels)"),
     "a2a_op_us": (10.0, 0.0, 200.0, "us per dispatch or combine"),
     "a2a_nvlink_efficiency": (0.6, 0.05, 1.0, "fraction of NVLink bandwidth"),
@@ -79,7 +100,8 @@ def _constants(p: Profile, previous: Profile | None) -> None:
     root = aic.aic_root()
     if root is not None and (root / V4_CONFIG).is_file():
         c = json.loads((root / V4_CONFIG).read_text())
-        ratios = c["compress_ratios"]
+        # the list's entries past num_hidden_layers belong to the MTP (next-n) layer
+        ratios = c["compress_ratios"][: c["num_hidden_layers"]]
         src = (f"aiconfigurator-core {aic.aic_version()} {V4_CONFIG} (DeepSeek-V4-Flash; "
                "ASSUMED unchanged in V4.1)")
         csa = sorted({r for r in ratios if r > 0})[0]
@@ -92,12 +114,19 @@ def _constants(p: Profile, previous: Profile | None) -> None:
         p.set_constant("attention_head_dim", c["head_dim"], src)
         p.set_constant("indexer_heads", c["index_n_heads"], src)
         p.set_constant("indexer_head_dim", c["index_head_dim"], src)
+        for name, field in (("q_lora_rank", "q_lora_rank"), ("o_lora_rank", "o_lora_rank"),
+                            ("o_groups", "o_groups"), ("vocab_size", "vocab_size"),
+                            ("hc_mult", "hc_mult")):
+            p.set_constant(name, c[field], f"{src}: {field}")
     elif previous is not None:
         p.constants.update({k: v for k, v in previous.constants.items()
                             if not k.startswith("eplb_")})
     else:
         raise RuntimeError("no aiconfigurator-core and no previous profile: cannot read the "
                            "attention geometry constants")
+    p.set_constant("prefill_chunk_requests", 4,
+                   "vLLM vllm/model_executor/layers/deepseek_v4_attention.py PREFILL_CHUNK_SIZE: "
+                   "requests whose KV one prefill sparse-attention call gathers")
     p.set_constant("eplb_groups", 8, "ASSUMED: 8 routing groups as in DeepSeek-V3 n_group")
     p.set_constant("eplb_drift_steps", 30000,
                    "ASSUMED: popularity correlation time of 10 rearrangement intervals (E3)")
@@ -107,7 +136,13 @@ def _constants(p: Profile, previous: Profile | None) -> None:
 #: parameters fitted to the kernel tables; without aiconfigurator-core they are kept from the
 #: previous profile
 KERNEL_PARAMS = ("moe_kernel_us", "moe_hbm_efficiency", "moe_flops_efficiency", "moe_token_bytes",
-                 "indexer_kernel_us", "indexer_hbm_efficiency")
+                 "indexer_kernel_us", "indexer_hbm_efficiency", "gemm_fp8_kernel_us",
+                 "gemm_fp8_hbm_efficiency", "gemm_fp8_flops_efficiency", "gemm_fp8_quant_bytes",
+                 "gemm_bf16_kernel_us", "gemm_bf16_hbm_efficiency", "gemm_bf16_flops_efficiency",
+                 "mhc_kernel_us", "mhc_hbm_efficiency", "prefill_attn_kernel_us",
+                 "prefill_attn_chunk_us", "prefill_attn_hbm_efficiency",
+                 "prefill_attn_flops_efficiency", "prefill_indexer_kernel_us",
+                 "prefill_indexer_row_ns", "prefill_indexer_flops_efficiency")
 
 
 def start_profile(previous: Profile | None = None) -> Profile:
@@ -151,6 +186,7 @@ def _fit_stage(p: Profile, names: list[str], residual: Callable[[Profile], np.nd
     out = p.with_values(dict(zip(names, best.x, strict=True)))
     for n, v in zip(names, best.x, strict=True):
         out.params[n].update(unit=START[n][3], fitted_to=fitted_to, source=source)
+        out.params[n].pop("at_bound", None)
         lo_n, hi_n = START[n][1], START[n][2]
         if min(v - lo_n, hi_n - v) <= 1e-6 * (hi_n - lo_n):
             # a bound, not the data, set this value: flag it for readers of the profile
@@ -203,6 +239,51 @@ def fit_kernels(p: Profile, log: Callable[[str], None]) -> Profile:
     log(f"kernel fit: MoE median |err| {fit.fit_median_abs_err:.1%} on {fit.fit_rows} rows; "
         f"indexer median |err| {idx_err:.1%}")
     log("held-out EP widths:\n" + held.to_string(index=False))
+    return fit_context_kernels(p, root, log)
+
+
+def _set_table_fit(p: Profile, key: str, fit: aic.TableFit, names: dict[str, str]) -> None:
+    """Store `fit`'s values under the profile names `names` (fit name -> parameter) and its
+    quality under kernel_fit[key]; the parameters are tagged 'aic:<key>'."""
+    src = f"aiconfigurator-core {aic.aic_version()} {fit.table}"
+    for short, name in names.items():
+        p.set_param(name, fit.values[short], START[name][3], [f"aic:{key}"], src)
+    p.kernel_fit[key] = fit.record()
+
+
+def fit_context_kernels(p: Profile, root: Path, log: Callable[[str], None]) -> Profile:
+    """Dense GEMMs, mHC, prefill sparse attention and index logits (each with held-out rows),
+    then a check of their sum over one attention layer against the measured module tables."""
+    cfg = operating_point()
+    hw = cfg.hardware
+    bw = hw.hbm_bw_bytes_s
+    for dtype in ("fp8", "bf16"):
+        fit = aic.fit_gemm(aic.load_gemm_rows(root, dtype), dtype, bw, hw.flops[dtype])
+        _set_table_fit(p, f"gemm_{dtype}", fit, {k: f"gemm_{dtype}_{k}" for k in fit.values})
+    fit = aic.fit_mhc(aic.load_mhc_rows(root), bw, cfg.model.hidden_size)
+    _set_table_fit(p, "mhc", fit, {k: f"mhc_{k}" for k in fit.values})
+    geometry = CalibratedStepModel(cfg, "prefill", profile=p, balancedness=(1.0, 1.0)).attn
+    fit = aic.fit_prefill_attention(aic.load_prefill_attention_rows(root), geometry, bw,
+                                    hw.flops["bf16"])
+    _set_table_fit(p, "prefill_attention", fit, {k: f"prefill_attn_{k}" for k in fit.values})
+    fit = aic.fit_prefill_indexer(aic.load_prefill_indexer_rows(root), geometry,
+                                  hw.flops["fp8"])
+    _set_table_fit(p, "prefill_indexer", fit, {k: f"prefill_indexer_{k}" for k in fit.values})
+    for key in ("gemm_fp8", "gemm_bf16", "mhc", "prefill_attention", "prefill_indexer"):
+        r = p.kernel_fit[key]
+        log(f"kernel fit {key}: median/p90 |err| {r['fit_median_abs_err']:.1%}/"
+            f"{r['fit_p90_abs_err']:.1%} on {r['fit_rows']} rows; held out ({r['held_out']}) "
+            f"{r['held_median_abs_err']:.1%}/{r['held_p90_abs_err']:.1%} on "
+            f"{r['held_rows']} rows")
+    model = CalibratedStepModel(cfg, "prefill", profile=p, balancedness=(1.0, 1.0))
+    check = aic.check_attention_module(
+        {k: aic.load_module_rows(root, k) for k in aic.MODULE_TABLES}, model.dense.gemms,
+        model.dense.kernels, model.attn, LOGIT_BYTES / (bw / 1e3))
+    p.kernel_fit["attention_module"] = check
+    log("attention layer (GEMMs + sparse attention + index logits) vs the module tables, "
+        "not fitted: " + "; ".join(f"{k} median {v['median_error']:+.1%}, median/p90 |err| "
+                                  f"{v['median_abs_err']:.1%}/{v['p90_abs_err']:.1%}"
+                                  for k, v in check["kinds"].items()))
     return p
 
 
@@ -248,7 +329,8 @@ def fit_published(p: Profile, log: Callable[[str], None],
     d_keys = ["D1", "D2", "D3", "D4"] + [f"D5@DEP{w}" for w in widths]
     # Jitter also delays decode steps, so D5 (decode time outside MoE) constrains it too.
     d5 = [f"D5@DEP{w}" for w in widths]
-    d_names = ["megamoe_hbm_efficiency", "attn_flops_efficiency", "dense_kernel_us",
+    d_names = ["megamoe_hbm_efficiency", "megamoe_kernel_us", "attn_flops_efficiency",
+               "dense_kernel_us",
                "a2a_op_us", "a2a_nvlink_efficiency", "cpu_step_ms"]
     for _ in range(2):
         p = _fit_stage(p, d_names,
@@ -339,6 +421,11 @@ def _record_quality(p: Profile) -> None:
                                     "p90_abs_err": moe["fit_p90_abs_err"]}
         elif any(str(t).startswith("aic:dsv4") for t in tags) and idx:
             entry["fit_quality"] = {"median_abs_err": idx["median_abs_err"]}
+        elif tags and str(tags[0]).removeprefix("aic:") in p.kernel_fit:
+            r = p.kernel_fit[str(tags[0]).removeprefix("aic:")]
+            entry["fit_quality"] = {k: r[k] for k in (
+                "fit_median_abs_err", "fit_p90_abs_err", "held_median_abs_err",
+                "held_p90_abs_err")}
         else:
             errs = [e for t in tags for e in errors.get(str(t), [])]
             if errs:

@@ -8,7 +8,7 @@ that names the field.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
@@ -42,12 +42,23 @@ class DraftModelSpec(StrictModel):
 
 
 class ModelSpec(StrictModel):
-    """A mixture-of-experts model, as data (one YAML file per model under scenarios/model/)."""
+    """A mixture-of-experts model, as data (one YAML file per model under scenarios/model/).
+
+    `dense_params` is stated, not derived: the sum over the model's non-routed layer shapes
+    (scenarios/model/*.yaml shows the sum). Routed experts plus dense parameters must come to
+    `total_params` within `PARAMS_TOLERANCE`.
+    """
+
+    #: largest relative gap allowed between routed + dense parameters and total_params
+    PARAMS_TOLERANCE: ClassVar[float] = 0.01
 
     name: str
     total_params: PositiveFloat = Field(description="all parameters (params)")
+    dense_params: PositiveFloat = Field(description=(
+        "non-routed parameters (params): attention projections, compressors, indexer, shared "
+        "experts, router, hyper-connections, embedding and LM head"))
     num_layers: PositiveInt
-    num_moe_layers: PositiveInt
+    num_moe_layers: PositiveInt = Field(description="layers with routed experts")
     hidden_size: PositiveInt
     num_routed_experts: PositiveInt
     experts_per_token: PositiveInt
@@ -73,11 +84,6 @@ class ModelSpec(StrictModel):
         return self.expert_params * self.num_routed_experts * self.num_moe_layers
 
     @property
-    def dense_params(self) -> float:
-        """Everything that is not a routed expert: attention, shared experts, embeddings."""
-        return self.total_params - self.routed_params
-
-    @property
     def active_params(self) -> float:
         return self.dense_params + self.expert_params * self.experts_per_token * self.num_moe_layers
 
@@ -87,10 +93,13 @@ class ModelSpec(StrictModel):
             raise ValueError("experts_per_token exceeds num_routed_experts")
         if self.num_moe_layers > self.num_layers:
             raise ValueError("num_moe_layers exceeds num_layers")
-        if self.routed_params >= self.total_params:
+        gap = (self.routed_params + self.dense_params) / self.total_params - 1.0
+        if abs(gap) > self.PARAMS_TOLERANCE:
             raise ValueError(
-                f"routed experts alone hold {self.routed_params:.3g} params, more than "
-                f"total_params={self.total_params:.3g}: check hidden_size / moe_intermediate_size")
+                f"routed experts ({self.routed_params:.4g} params) + dense_params="
+                f"{self.dense_params:.4g} differ from total_params={self.total_params:.4g} by "
+                f"{gap:+.1%} (allowed {self.PARAMS_TOLERANCE:.0%}): check dense_params, "
+                "num_moe_layers, hidden_size / moe_intermediate_size")
         return self
 
 

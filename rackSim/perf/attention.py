@@ -24,26 +24,46 @@ request (1 + drafts), per step (ms)::
 KV bytes per token over the entries one token creates. The indexer scans every request's index
 keys once per step (the logits kernel serves all q queries in one pass).
 
-Prefill, `n` new tokens of one rank at mean context c: attention = layers * kernel +
-n * E(c) * entry_flops / flops; the indexer scores n * c / csa_compress query x key pairs per CSA
-layer (2 x heads x head_dim FLOPs each) and then selects the top-k (see prefill_opts).
+Prefill, `n` new tokens from `r` requests of one rank at mean context c (the prefill kernels
+are vLLM's `flash_mla_sparse_fwd` and the indexer's `fp8_fp4_paged_mqa_logits`, fitted to the
+GB300 context-phase tables)::
+
+    attention = layers * (kernel_p + ceil(r / chunk_requests) * chunk)
+              + layers * n * query_bytes / hbm_p + n * E(c) * entry_flops / flops_p
+    indexer   = csa * (kernel_idx_p + n * row) + pairs * pair_flops / flops_idx_p
+
+vLLM gathers the KV of `chunk_requests` (4) requests per sparse-attention call, so many short
+requests cost more than one long one; `query_bytes` is a query's BF16 q read plus its output
+write (2 x heads x head_dim x 2); the indexer scores pairs = n * c / csa_compress query x key
+pairs per CSA layer (2 x heads x head_dim FLOPs each) and then selects the top-k (see
+prefill_opts).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
 class AttentionCost:
-    """Attention geometry and fitted speeds (ms, bytes/ms, FLOP/ms)."""
+    """Attention geometry and fitted speeds (ms, bytes/ms, FLOP/ms); `prefill_*` and
+    `indexer_*_prefill` speeds price the prefill kernels, the others decode."""
 
     kernel_ms: float
     flops_ms: float
     bytes_ms: float
     indexer_kernel_ms: float
     indexer_bytes_ms: float
-    indexer_flops_ms: float
+    prefill_kernel_ms: float
+    prefill_chunk_ms: float
+    prefill_chunk_requests: int
+    prefill_query_bytes: float
+    prefill_bytes_ms: float
+    prefill_flops_ms: float
+    indexer_kernel_ms_prefill: float
+    indexer_row_ms_prefill: float
+    indexer_flops_ms_prefill: float
     entry_flops: float
     kv_bytes_per_token: float
     indexer_bytes_per_token: float
@@ -90,12 +110,17 @@ class AttentionCost:
             return fixed
         return fixed + context_tokens * self.indexer_bytes_per_token / self.indexer_bytes_ms
 
-    def prefill_attention_ms(self, new_tokens: float, mean_context: float) -> float:
-        """Attention for `new_tokens` queries of one rank at `mean_context` (ms)."""
+    def prefill_attention_ms(self, new_tokens: float, mean_context: float,
+                             requests: float = 1.0) -> float:
+        """Attention for `new_tokens` queries from `requests` requests of one rank at
+        `mean_context` (ms)."""
         if new_tokens <= 0:
             return 0.0
-        return (self.layers * self.kernel_ms
-                + new_tokens * self.entries(mean_context) * self.entry_flops / self.flops_ms)
+        chunks = math.ceil(max(requests, 1.0) / self.prefill_chunk_requests)
+        return (self.layers * (self.prefill_kernel_ms + chunks * self.prefill_chunk_ms
+                               + new_tokens * self.prefill_query_bytes / self.prefill_bytes_ms)
+                + new_tokens * self.entries(mean_context) * self.entry_flops
+                / self.prefill_flops_ms)
 
     def prefill_indexer_pairs(self, new_tokens: float, mean_context: float) -> float:
         """Query x compressed-key pairs the indexer scores on one rank, all CSA layers."""
@@ -106,5 +131,6 @@ class AttentionCost:
         if new_tokens <= 0:
             return 0.0
         pairs = self.prefill_indexer_pairs(new_tokens, mean_context)
-        return (self.csa_layers * self.indexer_kernel_ms
-                + pairs * self.indexer_pair_flops / self.indexer_flops_ms)
+        return (self.csa_layers * (self.indexer_kernel_ms_prefill
+                                   + new_tokens * self.indexer_row_ms_prefill)
+                + pairs * self.indexer_pair_flops / self.indexer_flops_ms_prefill)

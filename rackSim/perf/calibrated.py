@@ -20,6 +20,16 @@ from rackSim.config.specs import RunConfig
 from rackSim.perf.attention import AttentionCost
 from rackSim.perf.comm import allreduce_ms, alltoall_layer_ms
 from rackSim.perf.cpu import StragglerModel, admission_ms, exposed_lag_ms
+from rackSim.perf.dense import (
+    ACTIVATION_BYTES,
+    BF16_BYTES,
+    WEIGHT_BYTES,
+    DenseCost,
+    DenseGeometry,
+    GemmKernel,
+    dense_gemms,
+    mhc_bytes_per_token,
+)
 from rackSim.perf.eplb import EplbConfig, EplbState
 from rackSim.perf.moe import MoeKernel, MoeShape, experts_hit_random, moe_rank_ms
 from rackSim.perf.prefill_opts import (
@@ -38,6 +48,45 @@ def load_profile(cfg: RunConfig) -> Profile:
     if cfg.perf.profile is None:
         raise ValueError("perf.profile: the calibrated model needs a profile")
     return Profile.load(Path(cfg.perf.profile))
+
+
+def dense_geometry(cfg: RunConfig, p: Profile) -> DenseGeometry:
+    """Non-routed layer shapes: the model spec's sizes, the profile's attention constants."""
+    m = cfg.model
+
+    def c(name: str) -> int:
+        return int(p.value(name))
+
+    return DenseGeometry(
+        hidden=m.hidden_size, layers=m.num_layers, csa_layers=c("csa_layers"),
+        hca_layers=c("hca_layers"), heads=c("attention_heads"), head_dim=c("attention_head_dim"),
+        q_lora_rank=c("q_lora_rank"), o_lora_rank=c("o_lora_rank"), o_groups=c("o_groups"),
+        indexer_heads=c("indexer_heads"), indexer_head_dim=c("indexer_head_dim"),
+        shared_intermediate=m.moe_intermediate_size * m.num_shared_experts,
+        routed_experts=m.num_routed_experts, vocab=c("vocab_size"), hc_mult=c("hc_mult"))
+
+
+def gemm_kernel(p: Profile, dtype: str, hbm_bytes_s: float, flops_s: float) -> GemmKernel:
+    """The fitted GEMM speeds of `dtype` ('fp8' or 'bf16') on hardware of these peaks."""
+    quant = p.value("gemm_fp8_quant_bytes") if dtype == "fp8" else 0.0
+    return GemmKernel(kernel_ms=p.value(f"gemm_{dtype}_kernel_us") / MS,
+                      hbm_bytes_ms=hbm_bytes_s / MS * p.value(f"gemm_{dtype}_hbm_efficiency"),
+                      flops_ms=flops_s / MS * p.value(f"gemm_{dtype}_flops_efficiency"),
+                      quant_bytes=quant, weight_bytes=WEIGHT_BYTES[dtype],
+                      activation_bytes=ACTIVATION_BYTES[dtype])
+
+
+def dense_cost(cfg: RunConfig, p: Profile) -> DenseCost:
+    """Dense GEMMs and mHC priced with the profile's speeds."""
+    hw = cfg.hardware
+    g = dense_geometry(cfg, p)
+    hbm_ms = hw.hbm_bw_bytes_s / MS
+    return DenseCost(
+        gemms=dense_gemms(g),
+        kernels={d: gemm_kernel(p, d, hw.hbm_bw_bytes_s, hw.flops[d]) for d in ("fp8", "bf16")},
+        layers=g.layers, mhc_kernel_ms=p.value("mhc_kernel_us") / MS,
+        mhc_bytes_per_token=mhc_bytes_per_token(g),
+        mhc_bytes_ms=hbm_ms * p.value("mhc_hbm_efficiency"))
 
 
 class CalibratedStepModel:
@@ -68,15 +117,15 @@ class CalibratedStepModel:
         self.tp = self.ranks if par == "TP" else 1
         hbm_ms = hw.hbm_bw_bytes_s / MS
         self._hbm_ms = hbm_ms * p.value("moe_hbm_efficiency")  # dense weights, copies
-        self._flops_ms = hw.flops[cfg.perf.weight_dtype] / MS * p.value("moe_flops_efficiency")
         # The MoE kernel: 'vllm' speeds are fitted to the vLLM kernel tables, 'megamoe' (the
         # fused dispatch-GEMM-combine kernel of the published deployment) to D3/D4.
         self.moe_kernel_name = str(p.setting("moe_kernel", "vllm"))
-        moe_hbm = (p.value("megamoe_hbm_efficiency") if self.moe_kernel_name == "megamoe"
-                   else p.value("moe_hbm_efficiency"))
-        self.kernel = MoeKernel(kernel_ms=p.value("moe_kernel_us") / MS,
-                                hbm_bytes_ms=hbm_ms * moe_hbm, flops_ms=self._flops_ms,
-                                token_bytes=p.value("moe_token_bytes"))
+        speeds = "megamoe" if self.moe_kernel_name == "megamoe" else "moe"
+        self.kernel = MoeKernel(
+            kernel_ms=p.value(f"{speeds}_kernel_us") / MS,
+            hbm_bytes_ms=hbm_ms * p.value(f"{speeds}_hbm_efficiency"),
+            flops_ms=hw.flops[cfg.perf.weight_dtype] / MS * p.value("moe_flops_efficiency"),
+            token_bytes=p.value("moe_token_bytes"))
         wb = m.weight_bytes_per_param
         self.target = MoeShape(m.num_routed_experts, m.experts_per_token, m.expert_params,
                                m.expert_params * wb, m.hidden_size, m.num_moe_layers)
@@ -91,14 +140,24 @@ class CalibratedStepModel:
         attn_dtype = "bf16" if "bf16" in hw.flops else cfg.perf.weight_dtype
         idx_dtype = "fp8" if "fp8" in hw.flops else cfg.perf.weight_dtype
         csa_compress = int(p.value("csa_compress"))
+        heads, head_dim = p.value("attention_heads"), p.value("attention_head_dim")
         self.attn = AttentionCost(
             kernel_ms=p.value("indexer_kernel_us") / MS,
             flops_ms=hw.flops[attn_dtype] / MS * p.value("attn_flops_efficiency"),
             bytes_ms=self._hbm_ms,
             indexer_kernel_ms=p.value("indexer_kernel_us") / MS,
             indexer_bytes_ms=hbm_ms * p.value("indexer_hbm_efficiency"),
-            indexer_flops_ms=hw.flops[idx_dtype] / MS * p.value("moe_flops_efficiency"),
-            entry_flops=4.0 * p.value("attention_heads") * p.value("attention_head_dim"),
+            prefill_kernel_ms=p.value("prefill_attn_kernel_us") / MS,
+            prefill_chunk_ms=p.value("prefill_attn_chunk_us") / MS,
+            prefill_chunk_requests=int(p.value("prefill_chunk_requests")),
+            prefill_query_bytes=2.0 * heads * head_dim * BF16_BYTES,
+            prefill_bytes_ms=hbm_ms * p.value("prefill_attn_hbm_efficiency"),
+            prefill_flops_ms=hw.flops[attn_dtype] / MS * p.value("prefill_attn_flops_efficiency"),
+            indexer_kernel_ms_prefill=p.value("prefill_indexer_kernel_us") / MS,
+            indexer_row_ms_prefill=p.value("prefill_indexer_row_ns") * 1e-6,
+            indexer_flops_ms_prefill=(hw.flops[idx_dtype] / MS
+                                      * p.value("prefill_indexer_flops_efficiency")),
+            entry_flops=4.0 * heads * head_dim,
             kv_bytes_per_token=m.kv_bytes_per_token,
             indexer_bytes_per_token=m.indexer_bytes_per_token,
             indexer_pair_flops=2.0 * p.value("indexer_heads") * p.value("indexer_head_dim"),
@@ -106,11 +165,10 @@ class CalibratedStepModel:
             layers=m.num_layers, csa_layers=int(p.value("csa_layers")),
             csa_compress=csa_compress, hca_layers=int(p.value("hca_layers")),
             hca_compress=int(p.value("hca_compress")))
-        self._dense_bytes = m.dense_params * wb
-        self._dense_flops = 2.0 * m.dense_params
+        self.dense = dense_cost(cfg, p)
         self._dense_kernel_ms = p.value("dense_kernel_us") / MS
-        self._dense_fixed_ms = m.num_layers * self._dense_kernel_ms  # kernel launches
-        self._dense_read_ms = self._dense_bytes / self._hbm_ms        # one read of the weights
+        self._dense_fixed_ms = m.num_layers * self._dense_kernel_ms  # other per-layer kernels
+        self._dense_by_tokens: dict[tuple[float, float, int, bool], float] = {}
         self._nvlink_ms = hw.nvlink_bw_bytes_s / MS * p.value("a2a_nvlink_efficiency")
         self._a2a_op_ms = p.value("a2a_op_us") / MS
         self._cpu_step_ms = p.value("cpu_step_ms")
@@ -246,6 +304,16 @@ class CalibratedStepModel:
         self.last_straggler_expected_ms, sample = st.draw(lag)
         return sample
 
+    def _dense_ms(self, tokens: float, requests: float, shards: int, decode: bool) -> float:
+        """Dense GEMMs and mHC time of one GPU (ms), cached by its arguments."""
+        key = (tokens, requests, shards, decode)
+        got = self._dense_by_tokens.get(key)
+        if got is None:
+            if len(self._dense_by_tokens) > 4096:
+                self._dense_by_tokens.clear()
+            got = self._dense_by_tokens[key] = self.dense.ms(tokens, requests, shards, decode)
+        return got
+
     # -- tensor parallel -------------------------------------------------------------------------
     def _tp_allreduce_ms(self, tokens: float, layers: int) -> float:
         """Two ring all-reduces (after attention and after the FFN/MoE) of BF16 activations per
@@ -276,9 +344,7 @@ class CalibratedStepModel:
         attention = (a.layers * a.kernel_ms + reqs * e * (q * a.entry_flops / a.flops_ms / t
                                                          + a.entry_bytes / a.bytes_ms))
         indexer = a.decode_indexer_ms(reqs, ctx)
-        dense = (self._dense_fixed_ms
-                 + max(self._dense_bytes / t / self._hbm_ms,
-                       tokens * self._dense_flops / t / self._flops_ms))
+        dense = self._dense_fixed_ms + self._dense_ms(tokens, reqs, t, True)
         comm = self._tp_allreduce_ms(tokens, m.num_layers)
         # Exposed per-layer latency of the small-batch decode path (launch gaps, latency-bound
         # GEMVs and elementwise kernels, the all-reduce handshakes) beyond bytes / FLOPs: the
@@ -325,7 +391,7 @@ class CalibratedStepModel:
         a = self.attn
         attention = a.decode_attention_ms(wr, wc, q)
         indexer = a.decode_indexer_ms(wr, wc)
-        dense = self._dense_fixed_ms + max(self._dense_read_ms, wr * self._rank_terms(q)[2])
+        dense = self._dense_fixed_ms + self._dense_ms(wr * q, wr, 1, True)
         gpu = moe + attention + indexer + dense + comm + draft
         return StepBreakdown(moe=moe, attention=attention, indexer=indexer, dense=dense,
                              comm=comm, draft=draft, cpu=cpu, sync=self._sync_ms,
@@ -339,7 +405,11 @@ class CalibratedStepModel:
             a = self.attn
             per_entry = q * a.entry_flops / a.flops_ms + a.entry_bytes / a.bytes_ms
             ki = a.indexer_bytes_per_token / a.indexer_bytes_ms
-            kd = q * self._dense_flops / self._flops_ms
+            # dense work per request: q tokens' share of the GEMMs and mHC plus its LM-head
+            # row (dense is affine in tokens and requests)
+            one = self.dense.ms(1, 1, decode=True)
+            kd = (q * (self.dense.ms(2, 1, decode=True) - one)
+                  + self.dense.ms(1, 2, decode=True) - one)
             alpha = per_entry * (a.layers * a.window + a.csa_layers * a.topk_entries) + kd
             beta = ki + per_entry * a.hca_layers / a.hca_compress
             terms = self._rank_terms_by_q[q] = (per_entry, ki, kd, alpha, beta)
@@ -385,20 +455,16 @@ class CalibratedStepModel:
             t = self.tp
             moe = self._moe_tp_ms(self.target, tokens_total)
             comm = self._tp_allreduce_ms(tokens_total, self.cfg.model.num_layers)
-            dense = (self._dense_fixed_ms
-                     + max(self._dense_bytes / t / self._hbm_ms,
-                           tokens_total * self._dense_flops / t / self._flops_ms))
-            attention = a.prefill_attention_ms(tokens_total / t, mean_context) * g
+            dense = self._dense_fixed_ms + self._dense_ms(tokens_total, requests, t, False)
+            attention = a.prefill_attention_ms(tokens_total / t, mean_context, requests) * g
             score = a.prefill_indexer_score_ms(tokens_total / t, mean_context) * g
             pairs = a.prefill_indexer_pairs(tokens_total / t, mean_context)
             select = topk_select_ms(self.prefill_opts, pairs, self._topk_ns, self._hbm_ms)
             return moe, attention, score + select, dense, comm
         per_rank = tokens_total / n
         moe, comm = self._moe_comm(self.target, tokens_total, n, b)
-        dense = (self._dense_fixed_ms
-                 + max(self._dense_read_ms, per_rank * self._dense_flops
-                       / self._flops_ms))
-        attention = a.prefill_attention_ms(per_rank, mean_context) * g
+        dense = self._dense_fixed_ms + self._dense_ms(per_rank, requests / n, 1, False)
+        attention = a.prefill_attention_ms(per_rank, mean_context, requests / n) * g
         score = a.prefill_indexer_score_ms(per_rank, mean_context) * g
         pairs = a.prefill_indexer_pairs(per_rank, mean_context)
         select = topk_select_ms(self.prefill_opts, pairs, self._topk_ns, self._hbm_ms)

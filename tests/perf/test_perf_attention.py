@@ -14,7 +14,11 @@ from rackSim.perf.prefill_opts import (
 )
 
 ATTN = AttentionCost(kernel_ms=0.005, flops_ms=1e12, bytes_ms=6e9, indexer_kernel_ms=0.007,
-                     indexer_bytes_ms=8e9, indexer_flops_ms=2e12, entry_flops=131072.0,
+                     indexer_bytes_ms=8e9, prefill_kernel_ms=0.013, prefill_chunk_ms=0.0046,
+                     prefill_chunk_requests=4, prefill_query_bytes=131072.0,
+                     prefill_bytes_ms=4e9, prefill_flops_ms=1.2e12,
+                     indexer_kernel_ms_prefill=0.006, indexer_row_ms_prefill=4e-6,
+                     indexer_flops_ms_prefill=2e12, entry_flops=131072.0,
                      kv_bytes_per_token=890.0, indexer_bytes_per_token=700.0,
                      indexer_pair_flops=16384.0, window=128, topk_entries=512, layers=43,
                      csa_layers=21, csa_compress=4, hca_layers=20, hca_compress=128)
@@ -44,7 +48,19 @@ def test_prefill_indexer_hand() -> None:
     pairs = ATTN.prefill_indexer_pairs(32768, 147456)
     assert pairs == pytest.approx(21 * 32768 * 147456 / 4)
     assert ATTN.prefill_indexer_score_ms(32768, 147456) == pytest.approx(
-        21 * 0.007 + pairs * 16384 / 2e12)
+        21 * (0.006 + 32768 * 4e-6) + pairs * 16384 / 2e12)
+
+
+def test_prefill_attention_hand() -> None:
+    """43 layers x (kernel + KV-gather chunks + query bytes) + entries x FLOPs; 9 requests
+    take three 4-request chunks, one request one."""
+    e = ATTN.entries(20000)
+    flops = 16384 * e * 131072 / 1.2e12
+    per_layer = 0.013 + 3 * 0.0046 + 16384 * 131072 / 4e9
+    assert ATTN.prefill_attention_ms(16384, 20000, 9) == pytest.approx(43 * per_layer + flops)
+    one = 43 * (0.013 + 0.0046 + 16384 * 131072 / 4e9) + flops
+    assert ATTN.prefill_attention_ms(16384, 20000, 1) == pytest.approx(one)
+    assert ATTN.prefill_attention_ms(0, 20000, 1) == 0.0
 
 
 def test_prefill_toggles_hand() -> None:

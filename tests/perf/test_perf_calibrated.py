@@ -166,10 +166,10 @@ def test_tensor_parallel_decode_and_prefill() -> None:
     assert one.comm > 0.0 and many.comm > one.comm  # per-layer all-reduces grow with tokens
     assert many.moe > one.moe and many.total_ms > one.total_ms
     assert one.total_ms == pytest.approx(sum(one.as_dict().values()))
-    # sharding: the same single request on 4 TP GPUs reads a quarter of the dense weights
-    dep1 = CalibratedStepModel(operating_point(decode_gpus=4, profile=DEFAULT_PROFILE),
-                               "decode", profile=PROFILE, balancedness=(1.0, 1.0))
-    assert m._dense_bytes / 4 < dep1._dense_bytes
+    # sharding: one request's 4 tokens on 4 TP GPUs read a quarter of each GEMM's weights;
+    # the unsharded input activations (and their quantisation) add a few percent
+    sharded = m.dense.gemm_ms(4, 1, shards=4, decode=True)
+    assert 0.25 < sharded / m.dense.gemm_ms(4, 1, decode=True) < 0.28
     pre = CalibratedStepModel(cfg, "prefill", profile=PROFILE)
     b = pre.prefill_step(PrefillBatch(8192, 8192, 1, 8192, 2))
     assert b.moe > 0 and b.comm > 0 and b.sync == 0.0
