@@ -5,6 +5,7 @@ racksim-calibrate  - fit calibration profiles (rackSim.calibrate)
 racksim-validate   - drive real vLLM servers, recalibrate, compare (rackSim.validate)
 racksim-workload   - describe a workload (rackSim.workload)
 racksim-plot       - figures from a sweep table (rackSim.report)
+racksim-fidelity   - published vs predicted, leave-one-out, effects (rackSim.calibrate.fidelity)
 """
 
 from __future__ import annotations
@@ -75,5 +76,11 @@ def workload() -> None:
 
 def plot() -> None:
     from rackSim.report.command import main
+
+    sys.exit(main())
+
+
+def fidelity() -> None:
+    from rackSim.calibrate.fidelity import main
 
     sys.exit(main())

@@ -1,0 +1,113 @@
+"""racksim-fidelity: writes its files, refuses bad input in one line, stops cleanly on Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from rackSim.calibrate import effects as fx
+from rackSim.calibrate import fidelity
+from rackSim.calibrate.effects import Effect
+from rackSim.calibrate.figures import read_figures
+
+FAST = ["--override", "experiment=smoke", "--window-s", "5", "--effects-window-s", "5",
+        "--jobs", "1", "--no-loo"]
+
+
+def _two_effects(cfg):  # noqa: ANN001, ANN202 - stands in for default_effects
+    return [Effect("push vs pull", ("deployment.kv_transfer.mode=pull",),
+                   ("deployment.kv_transfer.mode=push",), "K1", "up", 1, 1),
+            Effect("noise", (), (f"seed={cfg.seed + 1}",), noise=True)]
+
+
+def test_cli_writes_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(fidelity, "default_effects", _two_effects)
+    monkeypatch.setattr(fidelity, "HEADLINE_FIT", tmp_path / "absent.yaml")
+    out = tmp_path / "a" / "report"
+    assert fidelity.main([*FAST, "--out", str(out)]) == 0
+    assert {p.name for p in out.iterdir()} == {"fidelity.csv", "effects.csv", "fidelity.png",
+                                              "fidelity.json"}
+    table = pd.read_csv(out / "fidelity.csv")
+    assert set(table["id"]) == set(read_figures())
+    assert list(table.columns) == fidelity.TABLE_COLUMNS
+    h4 = table.set_index("key").loc["H4"]
+    assert h4["status"] == "input" and h4["predicted"] == 8 and h4["check"] == "outside"
+    assert (table.loc[table["status"] == "fitted", "loo_note"] == "not run (--no-loo)").all()
+    eff = pd.read_csv(out / "effects.csv", keep_default_na=False)
+    assert list(eff["effect"]) == ["push vs pull", "noise"]
+    summ = json.loads((out / "fidelity.json").read_text())
+    assert summ["complete"] is True and summ["num_gpus"] == 8
+    assert summ["overrides"] == ["experiment=smoke"] and summ["headline_fit"] is None
+    assert set(summ["timings_s"]) == {"headline_s", "effects_s", "total_s"}
+    printed = capsys.readouterr().out
+    assert "H1" in printed and "push vs pull" in printed and str(out / "fidelity.json") in printed
+
+
+@pytest.mark.parametrize(("args", "expect"), [
+    (["--window-s", "-1"], "--window-s must be a positive number of seconds, got -1"),
+    (["--window-s", "nan"], "--window-s must be a positive"),
+    (["--effects-window-s", "0"], "--effects-window-s must be a positive"),
+    (["--jobs", "0"], "--jobs must be at least 1"),
+    (["--override", "deployment.decode.gpus=5"], "deployment.decode.gpus=5: 384 routed"),
+    (["--override", "deployment.no_such_key=1"], "scenario: Could not override"),
+])
+def test_bad_input_one_line_and_exit_2(args: list[str], expect: str, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert fidelity.main([*args, "--out", str(tmp_path / "o")]) == fidelity.EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("racksim-fidelity: ") and expect in err and "\n" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_out_under_a_file_or_unwritable(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert fidelity.main(["--out", str(blocker / "sub")]) == fidelity.EXIT_BAD_INPUT
+    assert "--out" in capsys.readouterr().err
+    assert fidelity.main(["--out", str(blocker)]) == fidelity.EXIT_BAD_INPUT
+    assert "not a directory" in capsys.readouterr().err
+    if os.geteuid() != 0:  # root may write anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o555)
+        assert fidelity.main(["--out", str(locked / "r")]) == fidelity.EXIT_BAD_INPUT
+        assert "not a writable directory" in capsys.readouterr().err
+
+
+def test_bad_headline_fit_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "headline_fit.yaml"
+    bad.write_text("loo: {H1: {note: no value}}\n")
+    monkeypatch.setattr(fidelity, "HEADLINE_FIT", bad)
+    assert fidelity.main([*FAST, "--out", str(tmp_path / "o")]) == fidelity.EXIT_BAD_INPUT
+    assert "headline_fit.yaml" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_ctrl_c_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    def interrupted(cfg):  # noqa: ANN001, ANN202 - stands in for fx.measure
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fidelity, "default_effects", _two_effects)
+    monkeypatch.setattr(fx, "measure", interrupted)
+    out = tmp_path / "o"
+    assert fidelity.main([*FAST, "--out", str(out)]) == fidelity.EXIT_INTERRUPTED
+    assert "interrupted; nothing written" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_console_script_is_installed(tmp_path: Path) -> None:
+    exe = Path(sys.executable).with_name("racksim-fidelity")
+    proc = subprocess.run([str(exe), "--window-s", "0", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("racksim-fidelity: --window-s must be a positive number of "
+                                   "seconds, got 0")
