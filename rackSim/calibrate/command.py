@@ -36,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
 SUBCOMMANDS = {
     "headline": "rackSim.calibrate.headline",
     "workload": "rackSim.calibrate.headline_fit",
+    "prefill": "rackSim.calibrate.prefill",
 }
 
 
