@@ -17,8 +17,8 @@ from rackSim.calibrate.prefill import (
     KernelTables,
     model_step,
     prefill_table,
-    step_chunks,
     steady_balancedness,
+    step_chunks,
 )
 from rackSim.calibrate.scenario import DEFAULT_PROFILE, operating_point
 from rackSim.perf.calibrated import CalibratedStepModel
