@@ -151,8 +151,17 @@ class DecodeSpec(StrictModel):
 
 class KvTransferSpec(StrictModel):
     mode: Literal["push", "pull"] = "push"
-    latency_ms: float = Field(ge=0, description="fixed per-transfer setup latency (ms)")
+    latency_ms: float = Field(ge=0, description="push: setup latency of one packed-region "
+                              "transfer (ms)")
     efficiency: float = Field(gt=0, le=1, description="achieved share of NVLink bandwidth")
+    descriptor_latency_us: float = Field(ge=0, description=(
+        "pull: completion latency of one (block, layer) read descriptor (us)"))
+    descriptor_post_us: float = Field(gt=0, description=(
+        "pull: CPU time to post one read descriptor on one posting thread (us)"))
+    post_threads: PositiveInt = Field(description=(
+        "pull: threads of a decode rank posting descriptors in parallel"))
+    descriptors_in_flight: PositiveInt = Field(description=(
+        "pull: read descriptors outstanding at once per decode rank"))
 
 
 class EplbSpec(StrictModel):

@@ -4,6 +4,12 @@ Its loop reads like vLLM's: admit requests whose KV has arrived, run one step, e
 retire. Work per step does not grow with the batch: per-rank aggregates (requests, context
 tokens) change on admit / retire, and each request's last step is fixed when it is admitted.
 
+Admission: the step hands the step model, for each DP rank that admits, (requests, prompt
+tokens, KV blocks received): the admission work of that rank's scheduler. In
+pull mode the ranks read the admitted requests' KV synchronously inside the step; the stall
+comes from the KV channel (priced in perf/kv_transfer.py) and every request in the step sees
+it as part of its inter-token gap.
+
 Token emission (forced acceptance): a request's first step emits 1 token; each later step
 emits `a` = accepted_tokens_per_step, so N tokens need 1 + ceil((N - 1) / a) steps and the
 last one emits the remainder (N - 1) - a (steps - 2), in (0, a]. Step rows and the
@@ -16,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import repeat
 from operator import add, mul
 
@@ -25,6 +31,7 @@ import simpy
 from rackSim.engine.prefix_cache import BlockCache
 from rackSim.engine.request import Job
 from rackSim.metrics.histogram import LatencyHistogram
+from rackSim.perf.kv_transfer import kv_blocks
 from rackSim.perf.step import DecodeBatch, StepModel
 
 
@@ -43,15 +50,17 @@ def emitted_after(later_steps: int, a: float) -> int:
 class DecodeInstance:
     def __init__(self, env: simpy.Environment, ranks: int, max_seqs_per_rank: int,
                  load_cap: int | None, accepted: float, draft_tokens: int,
-                 caches: list[BlockCache], model: StepModel,
-                 read_ms: Callable[[float], float] | None,
+                 caches: list[BlockCache], model: StepModel, kv_bytes_per_token: float,
+                 read_stall_ms: Callable[[Iterable[tuple[int, float]]], float] | None,
                  itl: LatencyHistogram, in_window: Callable[[float], bool],
                  trace_tokens: bool, on_step: Callable[..., None]):
         self.env, self.ranks = env, ranks
         self.max_seqs, self.load_cap = max_seqs_per_rank, load_cap
         self.a, self.draft_tokens = accepted, draft_tokens
         self.caches, self.model = caches, model
-        self.read_ms = read_ms  # pull mode: synchronous KV read time (ms) per load
+        self.kv_bytes_per_token = kv_bytes_per_token
+        #: pull mode: the stall (ms) of a step whose ranks read (KV blocks, bytes) each
+        self.read_stall_ms = read_stall_ms
         self.itl, self.in_window = itl, in_window
         self.trace_tokens, self.on_step = trace_tokens, on_step
         self.ready: deque[Job] = deque()
@@ -96,11 +105,15 @@ class DecodeInstance:
             self._wake = None
 
     # -- the step loop ---------------------------------------------------------------------
-    def _admit(self) -> tuple[list[Job], float, int]:
+    def _admit(self) -> tuple[list[Job], float, int, tuple[tuple[int, int, int], ...]]:
+        """Admit ready requests, FIFO, at most `load_cap` per step. Returns (admitted jobs,
+        pull stall in ms, their prompt tokens, per admitting rank (requests, prompt tokens, KV
+        blocks received))."""
         ready = self.ready
         admitted: list[Job] = []
-        stall = [0.0] * self.ranks if self.read_ms else None
+        by_rank: dict[int, list] = {}  # rank -> [requests, prompt tokens, blocks, bytes]
         prompt_tokens = 0
+        per_token = self.kv_bytes_per_token
         cap = self.load_cap if self.load_cap is not None else len(ready)
         skipped: list[Job] = []
         max_skipped = 4 * self.ranks
@@ -110,6 +123,7 @@ class DecodeInstance:
         while ready and len(admitted) < cap:
             job = ready.popleft()
             r = job.decode_rank
+            acc = by_rank.get(r)
             if n_req[r] >= max_seqs:
                 full = None
             else:
@@ -141,12 +155,22 @@ class DecodeInstance:
             rec.decode_start_s = now
             rec.decode_rank = r
             prompt_tokens += job.prompt_tokens
-            if stall is not None:
-                stall[r] += self.read_ms(rec.kv_bytes_moved)
+            nbytes = rec.kv_bytes_moved
+            blocks = kv_blocks(round(nbytes / per_token))
+            if acc is None:
+                by_rank[r] = [1, job.prompt_tokens, blocks, nbytes]
+            else:
+                acc[0] += 1
+                acc[1] += job.prompt_tokens
+                acc[2] += blocks
+                acc[3] += nbytes
             admitted.append(job)
         if skipped:
             ready.extendleft(reversed(skipped))
-        return admitted, (max(stall) if stall else 0.0), prompt_tokens
+        accs = by_rank.values()
+        stall = (self.read_stall_ms((acc[2], acc[3]) for acc in accs) if self.read_stall_ms
+                 else 0.0)
+        return admitted, stall, prompt_tokens, tuple((acc[0], acc[1], acc[2]) for acc in accs)
 
     def _loop(self):
         env, a, draft_tokens = self.env, self.a, self.draft_tokens
@@ -155,14 +179,15 @@ class DecodeInstance:
         timeout, in_window, itl_add = env.timeout, self.in_window, self.itl.add
         retire = self._retire
         no_jobs: list[Job] = []
+        no_ranks: tuple[tuple[int, int, int], ...] = ()
         while True:
             if not running and not ready:
                 self._wake = env.event()
                 yield self._wake
             if ready:
-                admitted, stall_ms, prompt_tokens = self._admit()
+                admitted, stall_ms, prompt_tokens, by_rank = self._admit()
             else:
-                admitted, stall_ms, prompt_tokens = no_jobs, 0.0, 0
+                admitted, stall_ms, prompt_tokens, by_rank = no_jobs, 0.0, 0, no_ranks
             if not running:  # every ready request is blocked: wait for a change
                 self._wake = env.event()
                 yield self._wake
@@ -170,7 +195,7 @@ class DecodeInstance:
             step = self.step
             n_admitted = len(admitted)
             batch = DecodeBatch(n_req, self.ctx, a, draft_tokens, n_admitted, prompt_tokens,
-                                step)
+                                step, by_rank)
             cost = model.decode_step(batch)
             if stall_ms > 0:
                 cost = cost.with_kv_stall(stall_ms)

@@ -109,9 +109,9 @@ class Simulation:
 
         eff = d.kv_transfer.efficiency * cfg.hardware.nvlink_bw_bytes_s
         ranks = d.decode.gpus if d.decode.parallelism == "DEP" else 1
-        self.transfer = KvTransferChannel(env, d.kv_transfer.mode, eff * pg,
-                                          eff * d.decode.gpus / ranks,
-                                          d.kv_transfer.latency_ms, d.prefill.instances, ranks,
+        self.transfer = KvTransferChannel(env, d.kv_transfer, eff * pg,
+                                          eff * d.decode.gpus / ranks, m.num_layers,
+                                          d.prefill.instances, ranks,
                                           deliver=lambda job: self.decode.deliver(job))
         d_blocks = int(kv_bytes_per_gpu(cfg, d.decode.gpus) * (d.decode.gpus / ranks)
                        / block_bytes)
@@ -120,8 +120,8 @@ class Simulation:
         self.decode = DecodeInstance(
             env, ranks, d.decode.max_num_seqs_per_rank, d.decode.kv_load_cap_per_step,
             spec.accepted_tokens_per_step, spec.num_draft_tokens,
-            [BlockCache(d_blocks) for _ in range(ranks)], model,
-            self.transfer.read_ms if d.kv_transfer.mode == "pull" else None,
+            [BlockCache(d_blocks) for _ in range(ranks)], model, m.kv_bytes_per_token,
+            self.transfer.read_stall_ms if d.kv_transfer.mode == "pull" else None,
             self.itl, self._in_window, cfg.trace_tokens, self._on_step)
         replay = cfg.workload.replay
         if cfg.workload.timestamped:

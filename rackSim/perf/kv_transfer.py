@@ -1,70 +1,80 @@
-"""Time to move KV blocks from a prefill instance to the decode instance.
+"""Time to move KV blocks from a prefill instance to a decode rank (published K1).
 
-Two mechanisms (published K1):
+Two mechanisms:
 
-* push - the prefill side packs a request's KV rows into one contiguous region and sends it
-  with one scatter-gather transfer (NIXL/UCX); the decode worker keeps stepping, the transfer
-  overlaps with decode. Cost: one setup latency + bytes over the link share.
-* pull - the decode worker reads the blocks synchronously, one read per KV block; its steps
-  stall for the whole read. Cost: one setup latency per block + bytes over the link share.
+* push (K1) - the prefill side packs a request's KV rows into one contiguous region and writes
+  it with one scatter-gather transfer (NIXL/UCX); the decode worker keeps stepping, the
+  transfer overlaps with decode. Cost: one setup latency + bytes over the link
+  (`push_transfer_ms`). The engine holds the prefill and decode links for that long (FIFO), so
+  concurrent pushes queue behind each other.
+* pull - the decode worker reads the KV synchronously, the way vLLM's NIXL connector issues
+  reads: one descriptor per (KV block, layer) - vLLM registers one memory region per layer
+  for an MLA-style cache and `_get_block_descs_ids` lists region x block - all of a request's
+  descriptors in one READ transfer, which the UCX backend posts one descriptor at a time and
+  completes with one flush (`pull_transfer_ms`). The decode step that admits the request waits
+  for the reads, and every rank waits for the slowest (per-layer sync, C3): `decode_stall_ms`.
 
-Contention: `concurrent` transfers in flight on the same link share its bandwidth equally.
+A block-layer descriptor of DeepSeek-V4 is tiny (64 tokens x 890 B / 43 layers ~ 1.3 KB), so a
+pull is bound by posting descriptors, not by bytes. See docs/perf.md for the sources.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 #: Tokens per KV block (the engine's 64-token prefix-cache block).
 BLOCK_TOKENS = 64
 
 
-def kv_transfer_ms(nbytes: float, bandwidth_bytes_s: float, latency_ms: float) -> float:
-    """One transfer alone on its link: setup latency + bytes over bandwidth (ms)."""
+def kv_blocks(tokens: float, block_tokens: int = BLOCK_TOKENS) -> int:
+    """KV blocks holding `tokens` tokens (a partial last block counts)."""
+    return math.ceil(tokens / block_tokens) if tokens > 0 else 0
+
+
+def push_transfer_ms(nbytes: float, bandwidth_bytes_s: float, latency_ms: float) -> float:
+    """Push: a request's packed KV rows written as one region (ms): one setup latency + bytes
+    over the link. Overlaps decode."""
     if nbytes <= 0:
         return 0.0
     return latency_ms + nbytes / bandwidth_bytes_s * 1e3
 
 
-def shared_bandwidth_bytes_s(bandwidth_bytes_s: float, concurrent: int) -> float:
-    """Bandwidth one of `concurrent` simultaneous transfers gets on a shared link (bytes/s)."""
-    return bandwidth_bytes_s / max(1, concurrent)
+def pull_transfer_ms(blocks: int, layers: int, nbytes: float, bandwidth_bytes_s: float,
+                     descriptor_latency_ms: float, descriptor_post_ms: float,
+                     post_threads: int, descriptors_in_flight: int) -> float:
+    """Pull: one decode rank reads `blocks` KV blocks of `layers` layers synchronously (ms).
 
+    Every (block, layer) is one descriptor: `d = blocks x layers`. Descriptors are posted at
+    `post_threads / descriptor_post_ms` per ms and at most `descriptors_in_flight` are
+    outstanding, each completing `descriptor_latency_ms` after it is posted (Little's law:
+    at most `in_flight / latency` complete per ms); the bytes cannot beat the link. The
+    slowest of the three sets the pace, and the last descriptor's latency (the final flush)
+    is paid once::
 
-def push_transfer_ms(nbytes: float, bandwidth_bytes_s: float, latency_ms: float,
-                     concurrent: int = 1) -> float:
-    """Push: packed rows sent as one region, one setup latency (ms). Overlaps decode."""
-    return kv_transfer_ms(nbytes, shared_bandwidth_bytes_s(bandwidth_bytes_s, concurrent),
-                          latency_ms)
-
-
-def pull_transfer_ms(nbytes: float, tokens: int, bandwidth_bytes_s: float, latency_ms: float,
-                     concurrent: int = 1, block_tokens: int = BLOCK_TOKENS) -> float:
-    """Pull: one synchronous read per KV block, each paying `latency_ms` (ms).
-
-    The decode worker that issues the reads stalls for the returned time.
+        t = latency + max(d * post / threads, d * latency / in_flight, bytes / bandwidth)
     """
-    if nbytes <= 0:
+    d = blocks * layers
+    if d <= 0:
         return 0.0
-    blocks = max(1, math.ceil(tokens / block_tokens))
-    bw = shared_bandwidth_bytes_s(bandwidth_bytes_s, concurrent)
-    return blocks * latency_ms + nbytes / bw * 1e3
+    per_descriptor = max(descriptor_post_ms / post_threads,
+                         descriptor_latency_ms / descriptors_in_flight)
+    return descriptor_latency_ms + max(d * per_descriptor, nbytes / bandwidth_bytes_s * 1e3)
 
 
-def transfer_ms(mode: str, nbytes: float, tokens: int, bandwidth_bytes_s: float,
-                latency_ms: float, concurrent: int = 1) -> float:
-    """Duration of one prefill->decode KV transfer in `mode` 'push' or 'pull' (ms)."""
-    if mode == "push":
-        return push_transfer_ms(nbytes, bandwidth_bytes_s, latency_ms, concurrent)
-    if mode == "pull":
-        return pull_transfer_ms(nbytes, tokens, bandwidth_bytes_s, latency_ms, concurrent)
-    raise ValueError(f"unknown KV transfer mode '{mode}'")
+def decode_stall_ms(reads_per_rank: Iterable[tuple[int, float]], layers: int,
+                    bandwidth_bytes_s: float, descriptor_latency_ms: float,
+                    descriptor_post_ms: float, post_threads: int,
+                    descriptors_in_flight: int) -> float:
+    """How long a decode step stalls on the pulls of the requests it admits (ms).
 
-
-def decode_stall_ms(mode: str, nbytes: float, tokens: int, bandwidth_bytes_s: float,
-                    latency_ms: float, concurrent: int = 1) -> float:
-    """How long the receiving decode worker is blocked by one transfer (ms): the whole
-    transfer for pull, nothing for push (it overlaps)."""
-    if mode == "pull":
-        return pull_transfer_ms(nbytes, tokens, bandwidth_bytes_s, latency_ms, concurrent)
-    return 0.0
+    `reads_per_rank` holds, for each rank that admits requests this step, (KV blocks, bytes)
+    summed over its requests. A rank posts its requests' reads one after another (vLLM's
+    `start_load_kv` loops over the requests, each READ posts its descriptors in turn), so its
+    descriptors add up and it pays one trailing latency; ranks read in parallel, and every
+    rank waits for the slowest (per-layer sync, C3): the stall is the max over ranks.
+    """
+    return max((pull_transfer_ms(blocks, layers, nbytes, bandwidth_bytes_s,
+                                 descriptor_latency_ms, descriptor_post_ms, post_threads,
+                                 descriptors_in_flight)
+                for blocks, nbytes in reads_per_rank), default=0.0)

@@ -82,6 +82,10 @@ class DecodeBatch:
     new_loads: requests admitted this step (their KV just arrived).
     admitted_prompt_tokens: prompt tokens of those requests (CPU admission work).
     step_index: the instance's step counter (stateful models key history on it).
+    rank_admissions: for each DP rank that admits requests this step, (requests, prompt
+        tokens, KV blocks received) - the admission work of that rank's scheduler. Empty when
+        nothing is admitted; a caller that leaves it empty while admitting is taken to admit
+        everything on one rank.
     """
 
     requests_per_rank: Sequence[int]
@@ -91,6 +95,7 @@ class DecodeBatch:
     new_loads: int
     admitted_prompt_tokens: int
     step_index: int
+    rank_admissions: Sequence[tuple[int, int, int]] = ()
 
 
 class StepModel(Protocol):
