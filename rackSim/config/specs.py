@@ -146,6 +146,12 @@ class DecodeSpec(StrictModel):
     max_num_seqs_per_rank: PositiveInt
     kv_load_cap_per_step: PositiveInt | None = Field(
         default=None, description="max new KV loads admitted per step (None = no cap)")
+    admission_us_per_request: float = Field(ge=0, description=(
+        "scheduler CPU per admitted request on its DP rank (us): request bookkeeping, the "
+        "connector's completion notice, the new batch row"))
+    admission_us_per_block: float = Field(ge=0, description=(
+        "scheduler CPU per received KV block on its DP rank (us): block allocation, "
+        "block-table row, caching the block once its KV has arrived"))
     speculative: SpeculativeSpec
 
 

@@ -1,5 +1,13 @@
 """CPU-side costs: step scheduling, prompt admission, and stragglers at rank synchronisation.
 
+Scheduling and admission. With data-parallel attention every DP rank runs its own engine core
+(scheduler) and worker, so the CPU work of a step - the per-step scheduling plus admitting the
+requests placed on that rank (prompt-token copies (C2), per-request bookkeeping, per-block
+allocation) - is per rank. vLLM's async scheduling prepares step k+1 on the CPU while the GPU
+runs step k, so a rank's CPU work up to the GPU step is hidden and only the excess delays the
+step; every layer synchronises the ranks (C3), so the instance waits for the rank with the
+largest excess (`exposed_cpu_ms`).
+
 Stragglers. Every synchronisation point of a step (each layer in eager prefill; the CUDA-graph
 replay boundary in decode) waits for the slowest rank. Each rank arrives after a CPU jitter
 X ~ Exponential(mean `jitter_ms`); a *lagged* rank's CPU is `lag_ms` late per sync point, but
@@ -14,6 +22,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +32,31 @@ def admission_ms(prompt_tokens: float, ns_per_token: float) -> float:
     """CPU time to admit prompts of `prompt_tokens` tokens in all (ms): buffer building and
     copying grow linearly with prompt length."""
     return max(prompt_tokens, 0.0) * ns_per_token * 1e-6
+
+
+def rank_admission_ms(requests: int, prompt_tokens: float, blocks: int, ns_per_token: float,
+                      us_per_request: float, us_per_block: float) -> float:
+    """CPU time of one DP rank's scheduler to admit `requests` requests of `prompt_tokens`
+    prompt tokens in all, taking over `blocks` received KV blocks (ms)."""
+    return (admission_ms(prompt_tokens, ns_per_token)
+            + (requests * us_per_request + blocks * us_per_block) * 1e-3)
+
+
+def exposed_cpu_ms(step_ms: float, rank_admissions: Iterable[tuple[int, float, int]],
+                   overlap_ms: float, ns_per_token: float, us_per_request: float,
+                   us_per_block: float) -> float:
+    """CPU time a step exposes (ms): `step_ms` of per-step scheduling that shows whatever the
+    batch (the calibrated residual, fitted to steps without admissions) plus, over the DP
+    ranks, the largest excess of a rank's admission work (one (requests, prompt tokens,
+    blocks) entry per admitting rank) over the `overlap_ms` of GPU time async scheduling hides
+    it behind::
+
+        exposed = step_ms + max over ranks r of max(0, admission_r - overlap_ms)
+    """
+    worst = max((rank_admission_ms(n, tokens, blocks, ns_per_token, us_per_request,
+                                   us_per_block)
+                 for n, tokens, blocks in rank_admissions), default=0.0)
+    return step_ms + max(0.0, worst - overlap_ms)
 
 
 def exposed_lag_ms(lag_ms: float, absorb: float, gpu_ms_per_sync: float) -> float:
