@@ -4,8 +4,9 @@ Its loop reads like vLLM's: admit requests whose KV has arrived, run one step, e
 retire. Work per step does not grow with the batch: per-rank aggregates (requests, context
 tokens) change on admit / retire, and each request's last step is fixed when it is admitted.
 
-Admission: the step hands the step model, for each DP rank that admits, (requests, prompt
-tokens, KV blocks received): the admission work of that rank's scheduler. In
+Admission: every DP rank runs its own scheduler, so the KV-load cap (K2) holds per rank and
+per step, and the step hands the step model, for each rank that admits, (requests, prompt
+tokens, KV blocks received): the admission work the model prices against the GPU step. In
 pull mode the ranks read the admitted requests' KV synchronously inside the step; the stall
 comes from the KV channel (priced in perf/kv_transfer.py) and every request in the step sees
 it as part of its inter-token gap.
@@ -106,25 +107,26 @@ class DecodeInstance:
 
     # -- the step loop ---------------------------------------------------------------------
     def _admit(self) -> tuple[list[Job], float, int, tuple[tuple[int, int, int], ...]]:
-        """Admit ready requests, FIFO, at most `load_cap` per step. Returns (admitted jobs,
-        pull stall in ms, their prompt tokens, per admitting rank (requests, prompt tokens, KV
-        blocks received))."""
+        """Admit ready requests, FIFO; each DP rank's scheduler admits at most `load_cap` new
+        KV loads per step. Returns (admitted jobs, pull stall in ms, their prompt tokens, per
+        admitting rank (requests, prompt tokens, KV blocks received))."""
         ready = self.ready
         admitted: list[Job] = []
         by_rank: dict[int, list] = {}  # rank -> [requests, prompt tokens, blocks, bytes]
         prompt_tokens = 0
         per_token = self.kv_bytes_per_token
-        cap = self.load_cap if self.load_cap is not None else len(ready)
+        cap = self.load_cap
+        limit = cap * self.ranks if cap is not None else len(ready)
         skipped: list[Job] = []
         max_skipped = 4 * self.ranks
         n_req, pending, ctx, caches = self.n_req, self.pending, self.ctx, self.caches
         max_seqs, a, step, finish = self.max_seqs, self.a, self.step, self._finish
         running, now = self.running, self.env.now
-        while ready and len(admitted) < cap:
+        while ready and len(admitted) < limit:
             job = ready.popleft()
             r = job.decode_rank
             acc = by_rank.get(r)
-            if n_req[r] >= max_seqs:
+            if n_req[r] >= max_seqs or (cap is not None and acc is not None and acc[0] >= cap):
                 full = None
             else:
                 full = job.inst.context_path(job.spec.rid)
