@@ -165,7 +165,7 @@ MODULE_TABLES = {"hca": SPARSE + "dsv4_hca_context_module_perf.parquet",
 MODULE_MODEL = {"model": "sgl-project/DeepSeek-V4-Flash-FP8", "num_heads": 64, "tp_size": 1}
 #: our GEMM dtype -> (gemm_dtype, kernel_source) of the table rows that price it. FP8: the
 #: per-tensor CUTLASS rows stand in for vLLM's FP8 block GEMMs, whose DeepGEMM rows sit on a
-#: 0.4-0.6 ms floor at every shape below 16K rows and whose CUTLASS rows stop at N or K = 64.
+#: 0.25-0.9 ms floor at every shape up to 1K rows and whose CUTLASS rows stop at N or K = 64.
 GEMM_ROWS = {"fp8": ("fp8", "CutlassFP8ScaledMMLinearKernel"),
              "bf16": ("bfloat16", "torch.nn.functional.linear")}
 #: smallest N and K fitted (the model's smallest GEMM is the indexer weights_proj, N = 64)

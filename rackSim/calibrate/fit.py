@@ -184,14 +184,18 @@ def _fit_stage(p: Profile, names: list[str], residual: Callable[[Profile], np.nd
             best = res
     assert best is not None
     out = p.with_values(dict(zip(names, best.x, strict=True)))
-    for n, v in zip(names, best.x, strict=True):
+    for n in names:
         out.params[n].update(unit=START[n][3], fitted_to=fitted_to, source=source)
-        out.params[n].pop("at_bound", None)
-        lo_n, hi_n = START[n][1], START[n][2]
-        if min(v - lo_n, hi_n - v) <= 1e-6 * (hi_n - lo_n):
-            # a bound, not the data, set this value: flag it for readers of the profile
-            out.params[n]["at_bound"] = f"[{lo_n}, {hi_n}]"
+        _flag_bound(out, n)
     return out
+
+
+def _flag_bound(p: Profile, name: str) -> None:
+    """Mark `name` when a bound of START, not the data, set its value."""
+    entry, (_, lo, hi, _) = p.params[name], START[name]
+    entry.pop("at_bound", None)
+    if min(entry["value"] - lo, hi - entry["value"]) <= 1e-6 * (hi - lo):
+        entry["at_bound"] = f"[{lo}, {hi}]"
 
 
 def _rel(pred: dict[str, float], pub: dict[str, float], keys: list[str],
@@ -248,6 +252,7 @@ def _set_table_fit(p: Profile, key: str, fit: aic.TableFit, names: dict[str, str
     src = f"aiconfigurator-core {aic.aic_version()} {fit.table}"
     for short, name in names.items():
         p.set_param(name, fit.values[short], START[name][3], [f"aic:{key}"], src)
+        _flag_bound(p, name)
     p.kernel_fit[key] = fit.record()
 
 
