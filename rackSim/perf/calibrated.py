@@ -14,12 +14,13 @@ and the breakdown fields sum to the step time. See docs/perf.md for each equatio
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from rackSim.config.specs import RunConfig
 from rackSim.perf.attention import AttentionCost
 from rackSim.perf.comm import allreduce_ms, alltoall_layer_ms
-from rackSim.perf.cpu import StragglerModel, admission_ms, exposed_lag_ms
+from rackSim.perf.cpu import StragglerModel, admission_ms, exposed_cpu_ms, exposed_lag_ms
 from rackSim.perf.dense import (
     ACTIVATION_BYTES,
     BF16_BYTES,
@@ -374,11 +375,12 @@ class CalibratedStepModel:
         n = len(reqs)
         q = 1 + batch.draft_tokens
         total = sum(reqs)
-        cpu = self._cpu_step_ms + batch.admitted_prompt_tokens * self._admit_ns * 1e-6
         if total <= 0:
-            return StepBreakdown(cpu=cpu, sync=self._sync_ms)
+            return StepBreakdown(cpu=self._decode_cpu_ms(batch, 0.0), sync=self._sync_ms)
         if self.tp > 1:
-            return self._decode_tp(batch, cpu)
+            cost = self._decode_tp(batch, 0.0)
+            gpu = cost.total_ms - cost.sync - cost.straggler
+            return replace(cost, cpu=self._decode_cpu_ms(batch, gpu))
         b_t, b_d = self.balancedness(batch.step_index)
         self.last_balancedness = b_t
         key = (total, q, b_t, b_d, n)
@@ -397,9 +399,23 @@ class CalibratedStepModel:
         indexer = a.decode_indexer_ms(wr, wc)
         dense = self._dense_fixed_ms + self._dense_ms(wr * q, wr, 1, True)
         gpu = moe + attention + indexer + dense + comm + draft
+        cpu = self._decode_cpu_ms(batch, gpu)
         return StepBreakdown(moe=moe, attention=attention, indexer=indexer, dense=dense,
                              comm=comm, draft=draft, cpu=cpu, sync=self._sync_ms,
                              straggler=self._straggler(gpu))
+
+    def _decode_cpu_ms(self, batch: DecodeBatch, gpu_ms: float) -> float:
+        """Exposed CPU of a decode step (`cpu.exposed_cpu_ms`): the fitted per-step residual
+        plus each DP rank's admission work beyond `gpu_ms`, behind which async scheduling hides
+        it. The work prepared during a step belongs to the next one; consecutive decode steps'
+        GPU times differ by a few percent, so the step's own GPU time stands in for its
+        predecessor's."""
+        adm = batch.rank_admissions
+        if not adm and (batch.new_loads or batch.admitted_prompt_tokens):
+            adm = ((batch.new_loads, batch.admitted_prompt_tokens, 0),)
+        d = self.cfg.deployment.decode
+        return exposed_cpu_ms(self._cpu_step_ms, adm, gpu_ms, self._admit_ns,
+                              d.admission_us_per_request, d.admission_us_per_block)
 
     def _rank_terms(self, q: int) -> tuple[float, ...]:
         """Per-rank work terms at `q` query tokens per request, cached per q:
