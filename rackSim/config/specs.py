@@ -145,7 +145,8 @@ class DecodeSpec(StrictModel):
     parallelism: Literal["DEP", "TP"] = "DEP"
     max_num_seqs_per_rank: PositiveInt
     kv_load_cap_per_step: PositiveInt | None = Field(
-        default=None, description="max new KV loads admitted per step (None = no cap)")
+        default=None, description=(
+            "max new KV loads each DP rank's scheduler admits per step (None = no cap)"))
     admission_us_per_request: float = Field(ge=0, description=(
         "scheduler CPU per admitted request on its DP rank (us): request bookkeeping, the "
         "connector's completion notice, the new batch row"))
