@@ -32,7 +32,7 @@ PREFILL_ONLY = ("workload.replay.concurrency=256",
 EFFECT_COLUMNS = [
     "effect", "figure", "published", "baseline", "variant", "metric", "baseline_tok_s_gpu",
     "variant_tok_s_gpu", "throughput_ratio", "baseline_interactivity", "variant_interactivity",
-    "interactivity_ratio", "published_ratio", "agrees", "error"]
+    "interactivity_ratio", "published_ratio", "agrees", "noise", "error"]
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def run_effects(effects: Sequence[Effect], base: Sequence[str], window_s: float,
             "baseline_interactivity": mb.get("interactivity", nan),
             "variant_interactivity": mv.get("interactivity", nan),
             "interactivity_ratio": mv.get("interactivity", nan) / mb.get("interactivity", nan),
-            "published_ratio": e.published_ratio, "error": error}
+            "published_ratio": e.published_ratio, "noise": e.noise, "error": error}
     noise = {m: max([abs(rows[e.name][m] - 1) for e in effects if e.noise
                      and not math.isnan(rows[e.name][m])], default=0.0)
              for m in ("throughput_ratio", "interactivity_ratio")}

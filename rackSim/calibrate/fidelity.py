@@ -253,8 +253,11 @@ def summary(table: pd.DataFrame, effects: pd.DataFrame | None, **meta: Any) -> d
         def names(verdict: str) -> list[str]:
             return list(effects.loc[effects["agrees"] == verdict, "effect"])
 
+        seeds = effects[effects["noise"]]
         out["effects"] = {"rows": len(effects), "agree": names("yes"), "disagree": names("no"),
                           "within_noise": names("within noise"),
+                          "noise": {m: float((seeds[m] - 1).abs().max()) if len(seeds) else None
+                                    for m in ("throughput_ratio", "interactivity_ratio")},
                           "failed": list(effects.loc[effects["error"] != "", "effect"])}
     return out
 

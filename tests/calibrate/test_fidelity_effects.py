@@ -66,5 +66,6 @@ def test_effects_on_the_smoke_scenario(monkeypatch: pytest.MonkeyPatch) -> None:
     assert df.loc["fewer clients", "throughput_ratio"] < 0.7
     assert df.loc["push vs pull", "agrees"] in ("yes", "no", "within noise")
     assert df.loc["fewer clients", "agrees"] == "" and df.loc["seed", "agrees"] == ""
+    assert list(df["noise"]) == [False, False, True, False]
     assert "deployment.decode.gpus=5" in df.loc["bad", "error"]
     assert math.isnan(df.loc["bad", "throughput_ratio"]) and df.loc["bad", "agrees"] == ""
