@@ -44,7 +44,12 @@ from rackSim.calibrate.workload_fit import (
 )
 
 EXIT_NOT_CONVERGED = 3
-BASE = ("workload=agentx", "deployment=agentx_p8_dep32")
+#: The router of the fitted layout: session affinity (a session stays on the prefill instance
+#: that holds its prefix). The least-work `prefix_affinity` router is bistable at this load:
+#: once its queues differ by more than a prompt it moves sessions, each move recomputes a whole
+#: prefix, and the extra work keeps the queues long (docs/reference_scenario.md, measured).
+ROUTER = "session_affinity"
+BASE = ("workload=agentx", "deployment=agentx_p8_dep32", f"deployment.router={ROUTER}")
 RECORD = CALIBRATION / "headline_fit.yaml"
 WORKLOAD_YAML = SCENARIOS / "workload" / "agentx_fitted.yaml"
 DEPLOYMENT_YAML = SCENARIOS / "deployment" / "agentx_fitted.yaml"
@@ -150,6 +155,8 @@ def write_deployment(best: LayoutFit, base_path: Path, path: Path, stamp: str) -
               "workload;\n# record: calibration/headline_fit.yaml). Everything else as in "
               f"{base_path.name}.\n")
     text = re.sub(r"(?m)^name: .*$", f"name: {layout_label(lay)}", text)
+    text = re.sub(r"(?m)^router: .*$", f"router: {ROUTER}   # ASSUMED: see calibration/"
+                  "headline_fit.yaml and docs/reference_scenario.md", text)
     text = re.sub(r"(?ms)^(prefill:\n(?:  .*\n)*?)  instances: .*?\n",
                   lambda m: m.group(1) + f"  instances: {lay.prefill_instances}"
                   "                  # FITTED to H1-H3 (within H4)\n", text, count=1)
@@ -253,7 +260,7 @@ def check_window(short_s: float, long_s: float, jobs: int, overrides: tuple[str,
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="racksim-calibrate workload", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layouts", default="16:12,16:16,32:16",
+    ap.add_argument("--layouts", default="32:16,32:12,16:24",
                     help="candidate layouts DECODE_GPUS:PREFILL_INSTANCES (default: %(default)s)")
     ap.add_argument("--window-s", type=float, default=60.0,
                     help="simulated window per evaluation (default: %(default)s)")

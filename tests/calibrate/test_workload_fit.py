@@ -135,6 +135,7 @@ def test_written_scenarios_validate(tmp_path: Path) -> None:
     d = yaml.safe_load(dep.read_text())
     assert d["prefill"]["instances"] == 12 and d["decode"]["gpus"] == 16
     assert d["prefill"]["gpus_per_instance"] == 2 and d["name"] == "P12xDEP2+DEP16"
+    assert d["router"] == headline_fit.ROUTER
 
 
 def test_command_writes_nothing_when_the_fit_does_not_converge(
