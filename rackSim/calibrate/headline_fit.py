@@ -39,8 +39,8 @@ from rackSim.calibrate.workload_fit import (
     FitSettings,
     LayoutFit,
     WorkloadFit,
-    initial_guess,
     layout_label,
+    starting_points,
 )
 
 EXIT_NOT_CONVERGED = 3
@@ -175,7 +175,9 @@ def run_fit(h: Headline, layouts: list[Layout], evaluate: Evaluator,
     fits = []
     for lay in layouts:
         log(f"fitting {layout_label(lay)} ({lay.gpus} GPUs)")
-        fits.append(wf.fit(lay, initial_guess(h, lay, depth(lay.decode_gpus)), log=log))
+        start = wf.best_start(lay, starting_points(h, lay, depth(lay.decode_gpus)))
+        log("  start: " + " ".join(f"{k}={v:.4g}" for k, v in start.items()))
+        fits.append(wf.fit(lay, start, log=log))
     best = min(fits, key=lambda f: (not f.converged, f.cost))
     record: dict[str, Any] = {"best": best, "layouts": fits, "alternatives": [], "loo": {}}
     if not best.converged:

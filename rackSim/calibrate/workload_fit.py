@@ -264,6 +264,15 @@ class WorkloadFit:
         r += [(v - math.log(p.prior)) / p.prior_width for p, v in zip(self.free, x, strict=True)]
         return np.array(r)
 
+    def best_start(self, layout: Layout, starts: Sequence[dict[str, float]],
+                   targets: Sequence[str] = ("H1", "H2", "H3")) -> dict[str, float]:
+        """The start with the smallest objective (the starts are simulated in parallel)."""
+        outs = self.evaluate([(dict(st, **self.fixed), layout) for st in starts])
+        costs = [float(np.sum(self.residuals(o, np.log([st[p.name] for p in self.free]),
+                                             targets) ** 2))
+                 for o, st in zip(outs, starts, strict=True)]
+        return starts[int(np.argmin(costs))]
+
     def fit(self, layout: Layout, start: dict[str, float],
             targets: Sequence[str] = ("H1", "H2", "H3"),
             log: Callable[[str], None] = lambda s: None) -> LayoutFit:
@@ -308,22 +317,25 @@ class WorkloadFit:
                          tuple(p.name for p in self.free), tuple(targets))
 
 
-def initial_guess(h: Headline, layout: Layout, requests_per_rank: float,
-                  free: Sequence[FreeParameter] = FREE_PARAMETERS) -> dict[str, float]:
-    """A starting point from the headline arithmetic (not a result): the output and uncached
-    shares the layout implies at its calibrated decode depth set the new-tokens / output ratio
-    (each turn re-sends the previous output uncached), and Little's law sets the clients
-    (decode slots x (decode + tool + queue time) / decode time)."""
-    from rackSim.calibrate.headline import implied
-
-    start = {p.name: p.prior for p in free}
-    imp = implied(h, layout, requests_per_rank)
-    if imp.mix is None or imp.mix.output <= 0:
-        return start
-    out = start["output_tokens_median"]
-    ratio = imp.mix.uncached / imp.mix.output  # uncached tokens per output token
-    start["new_tokens_median"] = min(max(out * (ratio - 1.0), 60.0), 7000.0)
-    decode_s = 1.5 * out / h.accepted_tokens_per_step * h.p90_step_ms / 1e3
-    cycle_s = decode_s + 2.0 * start["tool_delay_s_median"] + 0.5
-    start["concurrency"] = requests_per_rank * layout.decode_gpus * cycle_s / decode_s
-    return start
+def starting_points(h: Headline, layout: Layout, requests_per_rank: float,
+                    free: Sequence[FreeParameter] = FREE_PARAMETERS) -> list[dict[str, float]]:
+    """Candidate starts for the local fit (not results): a coarse grid over the quantities that
+    set the token mix (new tokens per turn at the prior and at a tenth of it, output per turn
+    at the prior and twice it, sessions at the prior length and four times it), each with the
+    clients Little's law gives for the layout's calibrated decode depth: decode slots x
+    (decode + tool + queue time) / decode time."""
+    prior = {p.name: p.prior for p in free}
+    ranges = {p.name: (p.low, p.high) for p in free}
+    starts = []
+    for nt in (prior["new_tokens_median"], prior["new_tokens_median"] / 10):
+        for out in (prior["output_tokens_median"], 2 * prior["output_tokens_median"]):
+            for turns in (prior["turns_median"], 4 * prior["turns_median"]):
+                decode_s = 1.5 * out / h.accepted_tokens_per_step * h.p90_step_ms / 1e3
+                cycle_s = decode_s + 2.0 * prior["tool_delay_s_median"] + 0.5
+                pt = dict(prior, new_tokens_median=nt, output_tokens_median=out,
+                          turns_median=turns,
+                          concurrency=requests_per_rank * layout.decode_gpus * cycle_s
+                          / decode_s)
+                starts.append({k: min(max(v, ranges[k][0]), ranges[k][1])
+                               for k, v in pt.items()})
+    return starts

@@ -24,8 +24,8 @@ from rackSim.calibrate.workload_fit import (
     Evaluator,
     FitSettings,
     WorkloadFit,
-    initial_guess,
     scenario_changes,
+    starting_points,
 )
 from rackSim.workload.agentx import AgentXSpec
 
@@ -90,12 +90,16 @@ def test_run_fit_adds_alternatives_whatif_and_loo() -> None:
     assert all(math.isfinite(v["predicted"]) for v in rec["loo"].values())
 
 
-def test_initial_guess_follows_the_arithmetic() -> None:
+def test_starting_points_span_the_mix_and_fill_the_decode() -> None:
     h = read_headline()
-    start = initial_guess(h, Layout(16, 2, 16), 90.0)
-    # DEP16 + 32 prefill GPUs at 90 requests/rank: u/o = 3.185 % / 0.613 % ~ 5.2
-    assert start["new_tokens_median"] == pytest.approx(220 * (5.19 - 1), rel=0.02)
-    assert start["concurrency"] > 90 * 16
+    starts = starting_points(h, Layout(16, 2, 16), 90.0)
+    assert len(starts) == 8
+    assert {s["new_tokens_median"] for s in starts} == {900.0, 90.0}
+    assert {s["turns_median"] for s in starts} == {25.0, 100.0}
+    # Little's law: more clients than decode slots (they also wait on tools)
+    assert all(s["concurrency"] > 90 * 16 for s in starts)
+    best = WorkloadFit(h, _evaluator()).best_start(Layout(16, 2, 16), starts)
+    assert best in starts
 
 
 def test_scenario_changes_put_medians_into_their_dists() -> None:
