@@ -92,12 +92,14 @@ def add_whatif(fit: LayoutFit, evaluate: Evaluator) -> None:
 
 
 def at_edge(fit: LayoutFit, margin: float = 0.05) -> list[str]:
-    """Fitted parameters within `margin` (in log) of an end of their plausible range."""
+    """Fitted parameters the fit moved to within `margin` (in log) of an end of their
+    plausible range (a prior that is itself a range end, such as re-sending the whole
+    response, is not flagged while the fit leaves it there)."""
     out = []
     for p in FREE_PARAMETERS:
         v = fit.params.get(p.name)
-        if p.name in fit.fitted_names and v is not None and (
-                math.log(v / p.low) < margin or math.log(p.high / v) < margin):
+        if p.name in fit.fitted_names and v is not None and abs(math.log(v / p.prior)) > 0.01 \
+                and (math.log(v / p.low) < margin or math.log(p.high / v) < margin):
             out.append(f"{p.name}={v:.4g} (range {p.low:g}-{p.high:g} {p.unit})")
     return out
 

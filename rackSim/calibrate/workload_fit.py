@@ -29,6 +29,7 @@ fitted reference's one-hour run.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -78,6 +79,11 @@ FREE_PARAMETERS: tuple[FreeParameter, ...] = (
                   "turns per session", "'contexts growing ... over tens of turns'", "median"),
     FreeParameter("tool_delay_s_median", "workload.agentx.tool_delay_s", 1.5, 1.0, 0.1, 30.0,
                   "s", "'tool delays of seconds'", "median"),
+    FreeParameter("resent_output_share", "workload.agentx.resent_output_share", 1.0, 0.7, 0.1,
+                  1.0, "of each response", "reasoning is dropped between turns by reasoning-"
+                  "model APIs (DeepSeek: earlier reasoning_content is not concatenated into the "
+                  "context) and coding agents (earlier thinking blocks are stripped); 1 = the "
+                  "whole response re-sent"),
     FreeParameter("concurrency", "workload.replay.concurrency", 2000.0, 2.0, 50.0, 40000.0,
                   "agent clients", "not public; live agent clients of the benchmark run"),
 )
@@ -321,21 +327,22 @@ def starting_points(h: Headline, layout: Layout, requests_per_rank: float,
                     free: Sequence[FreeParameter] = FREE_PARAMETERS) -> list[dict[str, float]]:
     """Candidate starts for the local fit (not results): a coarse grid over the quantities that
     set the token mix (new tokens per turn at the prior and at a tenth of it, output per turn
-    at the prior and twice it, sessions at the prior length and four times it), each with the
+    at the prior and twice it, sessions at the prior length and four times it, the whole
+    response re-sent or a third of it), each with the
     clients Little's law gives for the layout's calibrated decode depth: decode slots x
     (decode + tool + queue time) / decode time."""
     prior = {p.name: p.prior for p in free}
     ranges = {p.name: (p.low, p.high) for p in free}
     starts = []
-    for nt in (prior["new_tokens_median"], prior["new_tokens_median"] / 10):
-        for out in (prior["output_tokens_median"], 2 * prior["output_tokens_median"]):
-            for turns in (prior["turns_median"], 4 * prior["turns_median"]):
-                decode_s = 1.5 * out / h.accepted_tokens_per_step * h.p90_step_ms / 1e3
-                cycle_s = decode_s + 2.0 * prior["tool_delay_s_median"] + 0.5
-                pt = dict(prior, new_tokens_median=nt, output_tokens_median=out,
-                          turns_median=turns,
-                          concurrency=requests_per_rank * layout.decode_gpus * cycle_s
-                          / decode_s)
-                starts.append({k: min(max(v, ranges[k][0]), ranges[k][1])
-                               for k, v in pt.items()})
+    for nt, out, turns, share in itertools.product(
+            (prior["new_tokens_median"], prior["new_tokens_median"] / 10),
+            (prior["output_tokens_median"], 2 * prior["output_tokens_median"]),
+            (prior["turns_median"], 4 * prior["turns_median"]),
+            (prior["resent_output_share"], prior["resent_output_share"] / 3)):
+        decode_s = 1.5 * out / h.accepted_tokens_per_step * h.p90_step_ms / 1e3
+        cycle_s = decode_s + 2.0 * prior["tool_delay_s_median"] + 0.5
+        pt = dict(prior, new_tokens_median=nt, output_tokens_median=out, turns_median=turns,
+                  resent_output_share=share,
+                  concurrency=requests_per_rank * layout.decode_gpus * cycle_s / decode_s)
+        starts.append({k: min(max(v, ranges[k][0]), ranges[k][1]) for k, v in pt.items()})
     return starts

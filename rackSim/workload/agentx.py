@@ -1,14 +1,16 @@
 """Parametric AgentX-style session generator (agentic coding sessions as session graphs).
 
 A session is a main-agent chain: the first prompt is a system prompt (shared by every agent
-of the session) plus the user's task; every later turn re-sends the whole previous context plus
-new tokens (tool results). After a turn the main agent may fork 1..k subagents (a tool call
-that spawns them): each starts from the session's system prompt plus a task the main agent
-wrote, runs its own chain concurrently, and the main agent's next turn waits for all of them
-(join) and reads their final answers as new tokens. A chain whose next turn would pass
-`compact_at x context_window` first compacts: it sends the context plus a summarise instruction,
-and continues from the system prompt plus that summary, so no prompt + output ever exceeds the
-window.
+of the session) plus the user's task; every later turn re-sends the previous context plus
+new tokens (tool results); with `resent_output_share` < 1 only that share of the previous
+response is re-sent (reasoning dropped between turns), as new tokens after the previous
+prompt. After a turn the main agent may fork 1..k subagents (a tool call that spawns them):
+each starts from the session's system prompt plus a task the main agent wrote, runs its own
+chain concurrently, and the main agent's next turn waits for all of them (join) and reads
+their final answers as new tokens. A chain whose next turn would pass
+`compact_at x context_window` first compacts: it sends the context plus a summarise
+instruction, and continues from the system prompt plus that summary, so no prompt + output
+ever exceeds the window.
 
 AgentX's per-session statistics are not public (docs/workload.md): EVERY default below is an
 ASSUMPTION chosen to reproduce the stated shape (contexts ~15-30K growing to ~100K+ over tens
@@ -120,6 +122,12 @@ class AgentXSpec(_Strict):
     tool_delay_s: Dist = Field(default=_logn(1.5, 1.2, 0.0, 300.0), description=(
         "time between a response and the next request (tool execution; median 1.5 s, mean "
         "~3 s, rare minutes): 'tool delays of seconds'"))
+    resent_output_share: float = Field(default=1.0, gt=0, le=1, description=(
+        "share of a response the agent sends back in its next prompt. 1: the whole response "
+        "(reasoning included) re-enters the context as a continuation of the previous prompt; "
+        "below 1 the reasoning is dropped, as reasoning-model APIs and coding agents do between "
+        "turns, and only the kept share (the answer / tool call) follows the previous prompt as "
+        "new tokens"))
     subagent_prob: float = Field(default=0.025, ge=0, le=1, description=(
         "chance a turn forks subagents (~0.8 fan-outs per 32-turn session, about half the "
         "sessions fork at least once): 'occasional'"))
@@ -196,9 +204,17 @@ class _Session:
         return self.add(parent, self.system, task, out, after, delay, agent)
 
     def turn(self, prev: int, new: int, after: tuple[int, ...], delay: float, agent: int) -> int:
-        """The next turn of a chain: `prev`'s whole context plus `new` tokens (compacts first)."""
+        """The next turn of a chain: `prev`'s context plus `new` tokens (compacts first). With
+        `resent_output_share` below 1 the prefix is `prev`'s prompt and the kept share of its
+        response is new input (its reasoning is not re-sent)."""
         out = self.output()
-        ctx = self.reqs[prev].context_tokens
+        p = self.reqs[prev]
+        share = self.s.resent_output_share
+        if share < 1.0:
+            new += round(share * p.output_tokens)
+            ctx = p.prompt_tokens
+        else:
+            ctx = p.context_tokens
         if ctx + new + out <= self.limit:
             return self.add(prev, ctx, new, out, after, delay, agent)
         s = self.s

@@ -93,7 +93,7 @@ def test_run_fit_adds_alternatives_whatif_and_loo() -> None:
 def test_starting_points_span_the_mix_and_fill_the_decode() -> None:
     h = read_headline()
     starts = starting_points(h, Layout(16, 2, 16), 90.0)
-    assert len(starts) == 8
+    assert len(starts) == 16
     assert {s["new_tokens_median"] for s in starts} == {900.0, 90.0}
     assert {s["turns_median"] for s in starts} == {25.0, 100.0}
     # Little's law: more clients than decode slots (they also wait on tools)

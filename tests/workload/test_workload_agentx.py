@@ -46,6 +46,7 @@ specs = st.builds(
     subagent_prob=st.floats(0, 0.2),
     subagent_max_depth=st.integers(0, 2),
     subagent_prefix=st.sampled_from(["system", "context"]),
+    resent_output_share=st.sampled_from([1.0, 0.3]),
     turns=st.builds(Dist, kind=st.just("lognormal"), median=st.floats(1, 40),
                     sigma=st.floats(0, 1), min=st.just(1.0), max=st.just(80.0)),
     system_tokens=st.just(Dist(kind="uniform", low=1000, high=8000)),
@@ -130,6 +131,24 @@ def test_join_waits_for_every_subagent_and_reads_their_answers() -> None:
     assert join.new_tokens >= answers
     heads = [min(r.rid for r in g.requests if r.agent == a) for a in (1, 2, 3)]
     assert all(g.requests[h].after == (main[0].rid,) for h in heads)
+
+
+def test_reasoning_dropped_between_turns() -> None:
+    """With resent_output_share s, a turn continues the previous *prompt* and re-sends
+    round(s x previous output) as new tokens; the draws are those of s = 1, so only the
+    prompts change."""
+    base = dict(subagent_prob=0.0, turns=Dist(kind="constant", value=12))
+    (full,) = generate_agentx(AgentXSpec(**base), seed=5, num_sessions=1)
+    (part,) = generate_agentx(AgentXSpec(resent_output_share=0.25, **base), seed=5,
+                              num_sessions=1)
+    for a, b in zip(full.requests[1:], part.requests[1:], strict=True):
+        prev_a, prev_b = full.requests[a.parent], part.requests[b.parent]
+        assert a.prefix_tokens == prev_a.context_tokens  # the whole response re-sent
+        assert b.prefix_tokens == prev_b.prompt_tokens   # reasoning dropped
+        tool = a.new_tokens
+        assert b.new_tokens == tool + round(0.25 * prev_b.output_tokens)
+        assert b.output_tokens == a.output_tokens
+    assert part.requests[-1].prompt_tokens < full.requests[-1].prompt_tokens
 
 
 def test_nested_fan_out_is_bounded() -> None:
