@@ -191,14 +191,16 @@ def run_fit(h: Headline, layouts: list[Layout], evaluate: Evaluator,
             for value in ends:
                 log(f"alternative: {name} held at {value:g}")
                 alt = WorkloadFit(h, evaluate, fixed={name: value}).fit(
-                    best.layout, best.params, log=log)
+                    best.layout, best.params, log=log,
+                    max_evaluations=evaluate.settings.refit_evaluations)
                 add_whatif(alt, evaluate)
                 record["alternatives"].append((name, value, alt))
     if loo:
         for t in ("H1", "H2", "H3"):
             log(f"leave-one-out: refit without {t}")
             rest = tuple(x for x in ("H1", "H2", "H3") if x != t)
-            f = wf.fit(best.layout, best.params, targets=rest, log=log)
+            f = wf.fit(best.layout, best.params, targets=rest, log=log,
+                       max_evaluations=evaluate.settings.refit_evaluations)
             pred = f.figures[TARGET_KEYS[t]]
             record["loo"][t] = {"predicted": _round(pred),
                                 "error": round(pred / wf.published(t) - 1.0, 4),
@@ -264,13 +266,16 @@ def check_window(short_s: float, long_s: float, jobs: int, overrides: tuple[str,
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="racksim-calibrate workload", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layouts", default="32:16,32:12,16:24",
+    ap.add_argument("--layouts", default="32:12,32:16",
                     help="candidate layouts DECODE_GPUS:PREFILL_INSTANCES (default: %(default)s)")
-    ap.add_argument("--window-s", type=float, default=60.0,
+    ap.add_argument("--window-s", type=float, default=30.0,
                     help="simulated window per evaluation (default: %(default)s)")
     ap.add_argument("--jobs", type=int, default=2, help="parallel simulations (default: 2)")
-    ap.add_argument("--max-iterations", type=int, default=12,
-                    help="least-squares evaluations per fit (default: %(default)s)")
+    ap.add_argument("--max-iterations", type=int, default=6,
+                    help="least-squares evaluations per layout fit (default: %(default)s)")
+    ap.add_argument("--refit-iterations", type=int, default=3,
+                    help="evaluations per alternative or leave-one-out refit, which start from "
+                         "the fitted point (default: %(default)s)")
     ap.add_argument("--context", type=int, default=32768,
                     help="context per request for the starting decode depth (default: 32768)")
     ap.add_argument("--cache", type=Path, default=Path("runs/workload_fit/evaluations.jsonl"),
@@ -304,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     settings = FitSettings(window_s=args.window_s, jobs=args.jobs,
-                           max_evaluations=args.max_iterations)
+                           max_evaluations=args.max_iterations,
+                           refit_evaluations=args.refit_iterations)
     args.cache.parent.mkdir(parents=True, exist_ok=True)
     evaluate = Evaluator(BASE, settings, args.cache)
     depths: dict[int, float] = {}

@@ -21,7 +21,7 @@ all three at once, with the simulator in the loop:
   others are reported as alternatives (identifiability), with what each predicts for a what-if
   (the other decode width at the same prefill instances).
 
-Each evaluation simulates a short window (`window_s`, default 60 s) after a short warm-up;
+Each evaluation simulates a short window (`window_s`, default 30 s) after a short warm-up;
 `racksim-calibrate workload --check-window 60 3600` records how far such a window is from the
 fitted reference's one-hour run.
 """
@@ -94,12 +94,13 @@ class FitSettings:
     """How the fit simulates and weighs: targets' log-sd, window, warm-up, seed, parallelism."""
 
     target_sigma: float = 0.03
-    window_s: float = 60.0
+    window_s: float = 30.0
     warmup_requests_per_lane: int = 2
     seed: int = 0
     jobs: int = 2
     diff_step: float = 0.08     # relative step of the forward-difference Jacobian (in log x)
     max_evaluations: int = 12   # least_squares iterations (each costs 1 + k simulations)
+    refit_evaluations: int = 3  # for alternatives and leave-one-out (they start at the fit)
     tolerance: float = 0.10     # converged: every target within this relative error
 
 
@@ -281,7 +282,8 @@ class WorkloadFit:
 
     def fit(self, layout: Layout, start: dict[str, float],
             targets: Sequence[str] = ("H1", "H2", "H3"),
-            log: Callable[[str], None] = lambda s: None) -> LayoutFit:
+            log: Callable[[str], None] = lambda s: None,
+            max_evaluations: int | None = None) -> LayoutFit:
         lo = np.log([p.low for p in self.free])
         hi = np.log([p.high for p in self.free])
         x0 = np.clip(np.log([start.get(p.name, p.prior) for p in self.free]), lo + 1e-6,
@@ -308,7 +310,8 @@ class WorkloadFit:
             return np.column_stack(cols)
 
         res = least_squares(fun, x0, jac=jac, bounds=(lo, hi), method="trf",
-                            max_nfev=self.settings.max_evaluations, x_scale=1.0)
+                            max_nfev=max_evaluations or self.settings.max_evaluations,
+                            x_scale=1.0)
         params = self._params(res.x)
         out = self.evaluate([(params, layout)])[0]
         errors = {t: out[TARGET_KEYS[t]] / self.published(t) - 1.0 for t in ("H1", "H2", "H3")}
