@@ -250,15 +250,20 @@ def _reference_figures(window_s: float, overrides: tuple[str, ...] = ()) -> dict
         "requests_sent": float(s["requests_sent"])}
 
 
-def check_window(short_s: float, long_s: float, jobs: int, overrides: tuple[str, ...] = ()
-                 ) -> dict[str, Any]:
-    """The reference scenario over a short and a long window: each window's H1-H3 and the
-    short window's relative difference from the long one."""
+def check_window(short_s: float, long_s: float, jobs: int, overrides: tuple[str, ...] = (),
+                 short_warmup: int | None = None) -> dict[str, Any]:
+    """The reference scenario over a short window (with `short_warmup` warm-up requests per
+    lane, as the fit and the tests run it) and over a long one as configured: each one's H1-H3
+    and the short window's relative difference from the long one."""
     from joblib import Parallel, delayed
 
+    warm = () if short_warmup is None else (
+        f"workload.replay.warmup_requests_per_lane={short_warmup}",)
     short, long = Parallel(n_jobs=min(jobs, 2))(
-        delayed(_reference_figures)(w, overrides) for w in (short_s, long_s))
-    return {"short_window_s": short_s, "long_window_s": long_s,
+        delayed(_reference_figures)(w, o) for w, o in ((short_s, overrides + warm),
+                                                       (long_s, overrides)))
+    return {"short_window_s": short_s, "short_warmup_requests_per_lane": short_warmup,
+            "long_window_s": long_s,
             "short": {k: _round(v) for k, v in short.items()},
             "long": {k: _round(v) for k, v in long.items()},
             "short_vs_long": {t: round(short[t] / long[t] - 1.0, 4) for t in TARGET_KEYS}}
@@ -285,15 +290,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-loo", action="store_true", help="skip leave-one-out")
     ap.add_argument("--dry-run", action="store_true", help="fit and print, write nothing")
     ap.add_argument("--check-window", type=float, nargs=2, metavar=("SHORT_S", "LONG_S"),
-                    help="do not fit: simulate the reference scenario over both windows and "
-                         f"record how far the short one is from the long one in {RECORD.name}")
+                    help="do not fit: simulate the reference scenario over a short window "
+                         "with the fit's warm-up and over a long one as configured, and record "
+                         f"how far the short one is from the long one in {RECORD.name}")
     args = ap.parse_args(argv)
     prog = "racksim-calibrate workload"
     if args.check_window:
         if not RECORD.is_file():
             print(f"{prog}: {RECORD} does not exist: fit first", file=sys.stderr)
             return 2
-        check = check_window(*args.check_window, args.jobs)
+        check = check_window(*args.check_window, args.jobs,
+                             short_warmup=FitSettings().warmup_requests_per_lane)
         rec = yaml.safe_load(RECORD.read_text())
         rec["window_check"] = check
         RECORD.write_text(yaml.safe_dump(rec, sort_keys=False, width=100))
