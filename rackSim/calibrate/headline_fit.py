@@ -134,14 +134,19 @@ def write_workload(best: LayoutFit, base_spec: dict[str, Any], path: Path, stamp
         "# is the assumed default of rackSim.workload.agentx (see docs/reference_scenario.md).",
         "name: agentx_fitted", "source: agentx", "num_sessions: 393", "agentx:"]
     for p in FREE_PARAMETERS:
-        if p.dist_field is None or p.name not in best.params:
+        if not p.path.startswith("workload.agentx.") or p.name not in best.params:
             continue
         key = p.path.split(".")[-1]
+        how = (f"FITTED to H1-H3 ({p.dist_field or 'value'}; prior {p.prior:g} {p.unit})"
+               if p.name in best.fitted_names else
+               f"ASSUMED: held at this value in the fit (prior {p.prior:g} {p.unit})")
+        if p.dist_field is None:
+            lines.append(f"  {key}: {_round(best.params[p.name])}  # {how}")
+            continue
         dist = dict(base_spec[key])
         dist[p.dist_field] = _round(best.params[p.name])
         body = ", ".join(f"{k}: {v}" for k, v in dist.items() if v is not None)
-        lines.append(f"  {key}: {{{body}}}  # FITTED to H1-H3 ({p.dist_field}; prior "
-                     f"{p.prior:g} {p.unit})")
+        lines.append(f"  {key}: {{{body}}}  # {how}")
     conc = int(round(best.params["concurrency"]))
     lines += ["replay:",
               f"  concurrency: {conc}  # FITTED to H1-H3 (live agent clients; not public)",
@@ -170,11 +175,34 @@ def write_deployment(best: LayoutFit, base_path: Path, path: Path, stamp: str) -
     path.write_text(header + body.lstrip("\n") + "\n")
 
 
+def parse_holds(items: list[str]) -> dict[str, float]:
+    """'turns_median=60' -> {'turns_median': 60.0}; names must be free parameters."""
+    names = {p.name: p for p in FREE_PARAMETERS}
+    out = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in names:
+            raise ValueError(f"--hold: '{name}' is not a free parameter ({', '.join(names)})")
+        try:
+            v = float(value)
+        except ValueError:
+            raise ValueError(f"--hold {name}: '{value}' is not a number") from None
+        p = names[name]
+        if not p.low <= v <= p.high:
+            raise ValueError(f"--hold {name}={v:g}: outside its plausible range "
+                             f"{p.low:g}-{p.high:g} {p.unit}")
+        out[name] = v
+    return out
+
+
 def run_fit(h: Headline, layouts: list[Layout], evaluate: Evaluator,
             depth: Callable[[int], float], log: Callable[[str], None],
-            alternatives: bool = True, loo: bool = True) -> dict[str, Any]:
-    """Fit every layout, pick the best, add alternatives, what-ifs and leave-one-out."""
-    wf = WorkloadFit(h, evaluate)
+            alternatives: bool = True, loo: bool = True,
+            held: dict[str, float] | None = None) -> dict[str, Any]:
+    """Fit every layout (with `held` parameters fixed), pick the best, add alternatives,
+    what-ifs and leave-one-out."""
+    held = dict(held or {})
+    wf = WorkloadFit(h, evaluate, fixed=held)
     fits = []
     for lay in layouts:
         log(f"fitting {layout_label(lay)} ({lay.gpus} GPUs)")
@@ -191,7 +219,7 @@ def run_fit(h: Headline, layouts: list[Layout], evaluate: Evaluator,
         for name, ends in HELD.items():
             for value in ends:
                 log(f"alternative: {name} held at {value:g}")
-                alt = WorkloadFit(h, evaluate, fixed={name: value}).fit(
+                alt = WorkloadFit(h, evaluate, fixed={**held, name: value}).fit(
                     best.layout, best.params, log=log,
                     max_evaluations=evaluate.settings.refit_evaluations)
                 add_whatif(alt, evaluate)
@@ -226,6 +254,8 @@ def record_yaml(record: dict[str, Any], h: Headline, settings: FitSettings,
                      "warmup_requests_per_lane": settings.warmup_requests_per_lane,
                      "seed": settings.seed, "tolerance": settings.tolerance},
         "simulations": evaluations,
+        "held": {name: value for name, value in record["best"].params.items()
+                 if name not in record["best"].fitted_names},
         "priors": {p.name: {"prior": p.prior, "log_sd": p.prior_width, "range": [p.low, p.high],
                             "unit": p.unit, "path": p.path, "why": p.why}
                    for p in FREE_PARAMETERS},
@@ -274,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layouts", default="32:12",
                     help="candidate layouts DECODE_GPUS:PREFILL_INSTANCES (default: %(default)s)")
-    ap.add_argument("--window-s", type=float, default=30.0,
+    ap.add_argument("--window-s", type=float, default=15.0,
                     help="simulated window per evaluation (default: %(default)s)")
     ap.add_argument("--jobs", type=int, default=2, help="parallel simulations (default: 2)")
     ap.add_argument("--max-iterations", type=int, default=6,
@@ -286,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="context per request for the starting decode depth (default: 32768)")
     ap.add_argument("--cache", type=Path, default=Path("runs/workload_fit/evaluations.jsonl"),
                     help="simulated points, reused by later fits (default: %(default)s)")
+    ap.add_argument("--hold", action="append", default=[], metavar="NAME=VALUE",
+                    help="hold a free parameter at a value instead of fitting it (repeatable)")
     ap.add_argument("--no-alternatives", action="store_true", help="skip identifiability")
     ap.add_argument("--no-loo", action="store_true", help="skip leave-one-out")
     ap.add_argument("--dry-run", action="store_true", help="fit and print, write nothing")
@@ -309,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         h = read_headline()
         layouts = parse_layouts(args.layouts, h)
+        held = parse_holds(args.hold)
     except (HeadlineError, ValueError) as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 2
@@ -334,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         record = run_fit(h, layouts, evaluate, depth, log, not args.no_alternatives,
-                         not args.no_loo)
+                         not args.no_loo, held)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; nothing written (simulated points kept in {args.cache})",
               file=sys.stderr)

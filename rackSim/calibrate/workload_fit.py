@@ -10,7 +10,7 @@ all three at once, with the simulator in the loop:
   `(log value - log prior) / prior_width`. The priors are the generator's documented
   assumptions (shared/reference/agentx.md: contexts growing from ~15-30K to 100K+ over tens of
   turns, a few hundred output tokens, tool delays of seconds); their widths say how far the
-  data may move them. Three targets cannot pin five parameters alone; the priors make the
+  data may move them. Three targets cannot pin the free parameters alone; the priors make the
   problem well posed and the leave-one-out check meaningful.
 * scipy's `least_squares` (trust-region reflective, bounds = the plausible range of each
   parameter) minimises it; the Jacobian is a forward difference with a step large enough to
@@ -21,7 +21,7 @@ all three at once, with the simulator in the loop:
   others are reported as alternatives (identifiability), with what each predicts for a what-if
   (the other decode width at the same prefill instances).
 
-Each evaluation simulates a short window (`window_s`, default 30 s) after a short warm-up;
+Each evaluation simulates a short window (`window_s`, default 15 s) after a short warm-up;
 `racksim-calibrate workload --check-window 60 3600` records how far such a window is from the
 fitted reference's one-hour run.
 """
@@ -75,6 +75,9 @@ FREE_PARAMETERS: tuple[FreeParameter, ...] = (
     FreeParameter("output_tokens_median", "workload.agentx.output_tokens", 220.0, 0.7, 50.0,
                   1200.0, "tokens per request", "'a few hundred output tokens per turn'",
                   "median"),
+    FreeParameter("system_tokens_median", "workload.agentx.system_tokens", 14000.0, 0.3,
+                  4000.0, 30000.0, "tokens", "system prompt + tool schemas + project "
+                  "instructions: 'first prompts ~15-30K'", "median"),
     FreeParameter("turns_median", "workload.agentx.turns", 25.0, 0.7, 8.0, 120.0,
                   "turns per session", "'contexts growing ... over tens of turns'", "median"),
     FreeParameter("tool_delay_s_median", "workload.agentx.tool_delay_s", 1.5, 1.0, 0.1, 30.0,
@@ -94,8 +97,8 @@ class FitSettings:
     """How the fit simulates and weighs: targets' log-sd, window, warm-up, seed, parallelism."""
 
     target_sigma: float = 0.03
-    window_s: float = 30.0
-    warmup_requests_per_lane: int = 2
+    window_s: float = 15.0
+    warmup_requests_per_lane: int = 1
     seed: int = 0
     jobs: int = 2
     diff_step: float = 0.08     # relative step of the forward-difference Jacobian (in log x)

@@ -135,7 +135,9 @@ def test_written_scenarios_validate(tmp_path: Path) -> None:
     assert spec.output_tokens.median == pytest.approx(fit.params["output_tokens_median"],
                                                       rel=1e-4)
     assert w["replay"]["concurrency"] == round(fit.params["concurrency"])
-    assert wl.read_text().count("FITTED to H1-H3") == 5
+    assert wl.read_text().count("FITTED to H1-H3") == 7
+    assert spec.resent_output_share == pytest.approx(fit.params["resent_output_share"],
+                                                     rel=1e-4)
     d = yaml.safe_load(dep.read_text())
     assert d["prefill"]["instances"] == 12 and d["decode"]["gpus"] == 16
     assert d["prefill"]["gpus_per_instance"] == 2 and d["name"] == "P12xDEP2+DEP16"
@@ -189,3 +191,20 @@ def test_check_window_needs_a_fit_first(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(headline_fit, "RECORD", tmp_path / "none.yaml")
     assert headline_fit.main(["--check-window", "60", "3600"]) == 2
     assert "fit first" in capsys.readouterr().err
+
+
+def test_held_parameters_are_not_fitted_and_say_so(tmp_path: Path) -> None:
+    h = read_headline()
+    assert headline_fit.parse_holds(["turns_median=60"]) == {"turns_median": 60.0}
+    for bad, words in (("turns=3", "not a free parameter"), ("turns_median=x", "not a number"),
+                       ("turns_median=500", "outside its plausible range")):
+        with pytest.raises(ValueError, match=words):
+            headline_fit.parse_holds([bad])
+    rec = run_fit(h, [Layout(16, 2, 16)], _evaluator(), lambda n: 90.0, lambda s: None,
+                  alternatives=False, loo=False, held={"turns_median": 60.0})
+    best = rec["best"]
+    assert best.params["turns_median"] == 60.0 and "turns_median" not in best.fitted_names
+    wl = tmp_path / "w.yaml"
+    write_workload(best, AgentXSpec().model_dump(mode="json"), wl, "2026-12-01")
+    line = next(x for x in wl.read_text().splitlines() if x.startswith("  turns:"))
+    assert "ASSUMED: held" in line and "median: 60.0" in line
