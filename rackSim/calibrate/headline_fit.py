@@ -345,9 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     except (HeadlineError, ValueError) as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 2
-    if args.window_s <= 0 or args.jobs < 1 or args.max_iterations < 1:
-        print(f"{prog}: --window-s, --jobs and --max-iterations must be positive",
-              file=sys.stderr)
+    if args.window_s <= 0 or args.jobs < 1 or args.max_iterations < 2 \
+            or args.refit_iterations < 2:
+        print(f"{prog}: --window-s and --jobs must be positive, --max-iterations and "
+              "--refit-iterations at least 2 (a start and one step)", file=sys.stderr)
         return 2
     settings = FitSettings(window_s=args.window_s, jobs=args.jobs,
                            max_evaluations=args.max_iterations,

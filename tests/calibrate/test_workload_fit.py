@@ -167,6 +167,8 @@ def test_command_refuses_bad_arguments(capsys: pytest.CaptureFixture[str]) -> No
     assert headline_fit.main(["--layouts", "32:30"]) == 2
     assert "outside H4" in capsys.readouterr().err
     assert headline_fit.main(["--window-s", "0"]) == 2
+    assert headline_fit.main(["--refit-iterations", "1"]) == 2
+    assert "at least 2" in capsys.readouterr().err
 
 
 def test_values_at_the_edge_of_plausibility_are_flagged() -> None:
