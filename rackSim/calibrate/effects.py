@@ -62,7 +62,8 @@ def one_line(text: str) -> str:
 
 
 def default_effects(cfg: RunConfig) -> list[Effect]:
-    """The effect set at `cfg` (the default scenario): K1, K2, DEP16 vs DEP32 with each
+    """The effect set at `cfg` (the default scenario): K1, K2, the prefill router (session
+    affinity vs the least-work prefix_affinity, no published direction), DEP16 vs DEP32 with each
     all-reduce, C1, DEP4 vs DEP2 prefill and one lagged prefill rank (P1, P2), and two
     seed-only variants whose ratios give the noise.
     Prefill layouts keep `cfg`'s prefill GPU count."""
@@ -86,6 +87,8 @@ def default_effects(cfg: RunConfig) -> list[Effect]:
         Effect("KV-load cap: 4 vs none", ("deployment.decode.kv_load_cap_per_step=null",),
                ("deployment.decode.kv_load_cap_per_step=4",), "K2",
                "cap 4 raises throughput and P90 interactivity", 1, 1),
+        Effect("router: session affinity vs least work", ("deployment.router=prefix_affinity",),
+               ("deployment.router=session_affinity",)),
         *(Effect(f"decode DEP16 vs DEP32 ({alg})", decode(32, alg), decode(16, alg))
           for alg in ("ring", rd)),
         *(Effect(f"all-reduce: recursive doubling vs ring (DEP{w})", decode(w, "ring"),

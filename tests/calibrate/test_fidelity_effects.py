@@ -32,6 +32,9 @@ def test_default_effects_keep_the_prefill_gpus() -> None:
     lagged = by_name["one lagged rank: DEP4 prefill"]
     assert lagged.worse_than == "one lagged rank: DEP2 prefill"
     assert lagged.published_ratio == pytest.approx(1 - 0.136)
+    router = by_name["router: session affinity vs least work"]
+    assert router.variant == ("deployment.router=session_affinity",)
+    assert router.expect_throughput == 0  # no published direction
     assert [e.variant for e in by_name.values() if e.noise] == [
         (f"seed={cfg.seed + 1}",), (f"seed={cfg.seed + 2}",)]
 
