@@ -12,10 +12,14 @@ all three at once, with the simulator in the loop:
   turns, a few hundred output tokens, tool delays of seconds); their widths say how far the
   data may move them. Three targets cannot pin the free parameters alone; the priors make the
   problem well posed and the leave-one-out check meaningful.
-* scipy's `least_squares` (trust-region reflective, bounds = the plausible range of each
-  parameter) minimises it; the Jacobian is a forward difference with a step large enough to
-  step over the simulator's discreteness, its simulations run in parallel (joblib). Every
-  simulation uses the same seed (common random numbers), so the objective is deterministic.
+* a trust-region surrogate search minimises it: around the best point so far, a linear model
+  of log(simulated / published) in the log parameters is regressed on every simulated point
+  (weighted by closeness), the MAP problem is solved on that model inside the trust region and
+  the bounds (scipy `least_squares`), and the simulator runs the proposal and one exploratory
+  point next to it (in parallel, joblib); the region grows after a better point and shrinks
+  otherwise. Regression over many points averages out the simulator's event-level noise,
+  which defeats finite-difference gradients. Every simulation uses the same seed (common
+  random numbers).
 * the layout (prefill instances, decode width) is discrete: each candidate layout allowed by
   H4 gets its own fit, and the one with the smallest objective becomes the reference; the
   others are reported as alternatives (identifiability), with what each predicts for a what-if
@@ -101,9 +105,9 @@ class FitSettings:
     warmup_requests_per_lane: int = 1
     seed: int = 0
     jobs: int = 2
-    diff_step: float = 0.08     # relative step of the forward-difference Jacobian (in log x)
-    max_evaluations: int = 12   # least_squares iterations (each costs 1 + k simulations)
-    refit_evaluations: int = 3  # for alternatives and leave-one-out (they start at the fit)
+    diff_step: float = 0.15     # step of the initial design around the start (in log x)
+    max_evaluations: int = 12   # surrogate rounds (each simulates 2 points)
+    refit_evaluations: int = 3  # rounds for alternatives and leave-one-out (start at the fit)
     tolerance: float = 0.10     # converged: every target within this relative error
 
 
@@ -283,50 +287,86 @@ class WorkloadFit:
                  for o, st in zip(outs, starts, strict=True)]
         return starts[int(np.argmin(costs))]
 
+    def _log_ratios(self, out: dict[str, float]) -> np.ndarray:
+        return np.array([math.log(max(out[TARGET_KEYS[t]], 1e-9) / self.published(t))
+                         for t in ("H1", "H2", "H3")])
+
     def fit(self, layout: Layout, start: dict[str, float],
             targets: Sequence[str] = ("H1", "H2", "H3"),
             log: Callable[[str], None] = lambda s: None,
             max_evaluations: int | None = None) -> LayoutFit:
+        """Trust-region surrogate search (module docstring): each round regresses a linear
+        model of log(simulated / published) on the log parameters of the simulated points
+        near the incumbent, solves the MAP problem on that model inside the trust region
+        (scipy least_squares), and simulates the proposal and one exploratory point."""
         lo = np.log([p.low for p in self.free])
         hi = np.log([p.high for p in self.free])
-        x0 = np.clip(np.log([start.get(p.name, p.prior) for p in self.free]), lo + 1e-6,
-                     hi - 1e-6)
+        k = len(self.free)
+        idx = [("H1", "H2", "H3").index(t) for t in targets]
+        prior = np.log([p.prior for p in self.free])
+        width = np.array([p.prior_width for p in self.free])
+        sigma = self.settings.target_sigma
+        xs: list[np.ndarray] = []
+        ys: list[np.ndarray] = []
+        outs: list[dict[str, float]] = []
+
+        def simulate(points: list[np.ndarray]) -> None:
+            res = self.evaluate([(self._params(x), layout) for x in points])
+            for x, out in zip(points, res, strict=True):
+                xs.append(x)
+                ys.append(self._log_ratios(out))
+                outs.append(out)
+                log(f"  {layout_label(layout)} " + " ".join(
+                    f"{p.name}={math.exp(v):.4g}" for p, v in zip(self.free, x, strict=True))
+                    + " -> " + " ".join(f"{t} {math.exp(y) - 1:+.1%}"
+                                        for t, y in zip(("H1", "H2", "H3"), ys[-1],
+                                                        strict=True)))
+
+        def cost(x: np.ndarray, y: np.ndarray) -> float:
+            return float(np.sum((y[idx] / sigma) ** 2) + np.sum(((x - prior) / width) ** 2))
+
+        x0 = np.clip(np.log([start.get(p.name, p.prior) for p in self.free]), lo, hi)
         step = self.settings.diff_step
+        simulate([x0] + [np.clip(x0 + step * np.eye(k)[i] * (1 if x0[i] + step <= hi[i]
+                                                             else -1), lo, hi)
+                         for i in range(k)])
+        radius = 0.5
+        best = int(np.argmin([cost(x, y) for x, y in zip(xs, ys, strict=True)]))
+        rng = np.random.default_rng(self.settings.seed)
+        slope = np.zeros((3, k))
+        for _ in range(max_evaluations or self.settings.max_evaluations):
+            xb = xs[best]
+            X, Y = np.array(xs), np.array(ys)
+            w = np.exp(-np.sum((X - xb) ** 2, axis=1) / (2 * max(radius, 0.1) ** 2))
+            A = np.hstack([np.ones((len(X), 1)), X - xb]) * np.sqrt(w)[:, None]
+            coef, *_ = np.linalg.lstsq(A, Y * np.sqrt(w)[:, None], rcond=None)
+            intercept, slope = coef[0], coef[1:].T
 
-        def fun(x: np.ndarray) -> np.ndarray:
-            out = self.evaluate([(self._params(x), layout)])[0]
-            r = self.residuals(out, x, targets)
-            log(f"  {layout_label(layout)} " + " ".join(
-                f"{p.name}={math.exp(v):.4g}" for p, v in zip(self.free, x, strict=True))
-                + " -> " + " ".join(f"{t} {out[TARGET_KEYS[t]] / self.published(t) - 1:+.1%}"
-                                    for t in ("H1", "H2", "H3")))
-            return r
+            def surrogate(x: np.ndarray, c: np.ndarray = intercept, m: np.ndarray = slope,
+                          xb: np.ndarray = xb) -> np.ndarray:
+                y = c + m @ (x - xb)
+                return np.concatenate([y[idx] / sigma, (x - prior) / width])
 
-        def jac(x: np.ndarray) -> np.ndarray:
-            xs = [x.copy() for _ in self.free]
-            for i, xi in enumerate(xs):
-                xi[i] = xi[i] + step if xi[i] + step <= hi[i] else xi[i] - step
-            outs = self.evaluate([(self._params(xi), layout) for xi in [x, *xs]])
-            r0 = self.residuals(outs[0], x, targets)
-            cols = [(self.residuals(o, xi, targets) - r0) / (xi[i] - x[i])
-                    for i, (o, xi) in enumerate(zip(outs[1:], xs, strict=True))]
-            return np.column_stack(cols)
-
-        res = least_squares(fun, x0, jac=jac, bounds=(lo, hi), method="trf",
-                            max_nfev=max_evaluations or self.settings.max_evaluations,
-                            x_scale=1.0)
-        params = self._params(res.x)
-        out = self.evaluate([(params, layout)])[0]
+            box_lo, box_hi = np.maximum(lo, xb - radius), np.minimum(hi, xb + radius)
+            prop = least_squares(surrogate, np.clip(xb, box_lo, box_hi),
+                                 bounds=(box_lo, box_hi + 1e-12)).x
+            explore = np.clip(prop + rng.normal(0, radius / 3, k), lo, hi)
+            n = len(xs)
+            simulate([prop, explore])
+            costs = [cost(x, y) for x, y in zip(xs, ys, strict=True)]
+            new_best = int(np.argmin(costs))
+            radius = min(radius * 1.5, 2.0) if new_best >= n else max(radius / 2, 0.05)
+            best = new_best
+            if all(abs(math.exp(ys[best][i]) - 1) <= self.settings.tolerance / 2 for i in idx):
+                break
+        params, out = self._params(xs[best]), outs[best]
         errors = {t: out[TARGET_KEYS[t]] / self.published(t) - 1.0 for t in ("H1", "H2", "H3")}
         converged = all(abs(errors[t]) <= self.settings.tolerance for t in targets)
-        try:
-            cov = np.linalg.pinv(res.jac.T @ res.jac)
-            sd = {p.name: float(math.sqrt(max(cov[i, i], 0.0)))
-                  for i, p in enumerate(self.free)}
-        except np.linalg.LinAlgError:
-            sd = {p.name: math.nan for p in self.free}
-        return LayoutFit(layout, params, out, errors, float(res.cost), converged, sd,
-                         tuple(p.name for p in self.free), tuple(targets))
+        J = np.vstack([slope[idx] / sigma, np.diag(1 / width)])
+        cov = np.linalg.pinv(J.T @ J)
+        sd = {p.name: float(math.sqrt(max(cov[i, i], 0.0))) for i, p in enumerate(self.free)}
+        return LayoutFit(layout, params, out, errors, 0.5 * cost(xs[best], ys[best]),
+                         converged, sd, tuple(p.name for p in self.free), tuple(targets))
 
 
 def starting_points(h: Headline, layout: Layout, requests_per_rank: float,
