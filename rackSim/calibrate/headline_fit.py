@@ -7,7 +7,9 @@ Writes, only when the best layout's fit puts every target within the tolerance:
 * `scenarios/deployment/agentx_fitted.yaml` - the base deployment with the fitted layout;
 * `calibration/headline_fit.yaml` - the record: priors, fitted values, simulated figures and
   errors, every alternative fit (identifiability) with its what-if, and leave-one-out.
-A fit that does not converge says so, exits 3 and writes none of them.
+A fit that does not converge says so, exits 3 and writes none of them; with `--write-best` it
+writes its best point under other names (`agentx_headline_best`, `calibration/headline_best.yaml`),
+every value marked NOT CONVERGED with the errors, never as the fitted reference.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ BASE = ("workload=agentx", "deployment=agentx_p8_dep32", f"deployment.router={RO
 RECORD = CALIBRATION / "headline_fit.yaml"
 WORKLOAD_YAML = SCENARIOS / "workload" / "agentx_fitted.yaml"
 DEPLOYMENT_YAML = SCENARIOS / "deployment" / "agentx_fitted.yaml"
+#: where --write-best puts the best point of a fit that did not converge
+BEST_PATHS = (SCENARIOS / "workload" / "agentx_headline_best.yaml",
+              SCENARIOS / "deployment" / "agentx_headline_best.yaml",
+              CALIBRATION / "headline_best.yaml")
 #: Alternative fits of the chosen layout with one parameter held away from its fitted value
 #: (identifiability: do fits that meet H1-H3 as well predict the same what-if?): sessions
 #: half as long as the prior's, and tool delays four times the prior's.
@@ -122,22 +128,31 @@ def _round(v: float) -> float:
     return float(f"{v:.5g}") if math.isfinite(v) else v
 
 
-def write_workload(best: LayoutFit, base_spec: dict[str, Any], path: Path, stamp: str) -> None:
-    """The fitted AgentX workload YAML, each fitted line marked FITTED."""
-    rec = "calibration/headline_fit.yaml"
+def _mark(best: LayoutFit) -> str:
+    """How a written value came about: FITTED, or the best point of a fit that missed."""
+    if best.converged:
+        return "FITTED to H1-H3"
+    errs = ", ".join(f"{k} {v:+.0%}" for k, v in best.errors.items())
+    return f"BEST COMPROMISE, NOT CONVERGED ({errs})"
+
+
+def write_workload(best: LayoutFit, base_spec: dict[str, Any], path: Path, stamp: str,
+                   record: Path = RECORD) -> None:
+    """The fitted AgentX workload YAML, each fitted line marked (see `_mark`)."""
+    mark = _mark(best)
     lines = [
-        f"# AgentX-style workload FITTED to the published headline H1-H3 ({stamp}, "
-        "racksim-calibrate workload;",
-        f"# record with priors, errors, alternatives and leave-one-out: {rec}). The assumed",
-        "# workload it started from stays available as `workload=agentx`. Lines marked FITTED",
-        "# were fitted (MAP: the assumed defaults are the priors); every other generator value",
-        "# is the assumed default of rackSim.workload.agentx (see docs/reference_scenario.md).",
-        "name: agentx_fitted", "source: agentx", "num_sessions: 393", "agentx:"]
+        f"# AgentX-style workload: {mark} for the published headline H1-H3 ({stamp},",
+        f"# racksim-calibrate workload; record with priors and errors: {record.name} in",
+        "# calibration/). The assumed workload it started from stays available as",
+        "# `workload=agentx`. Marked lines were fitted (MAP: the assumed defaults are the priors);",
+        "# every other generator value is the assumed default of rackSim.workload.agentx (see",
+        "# docs/reference_scenario.md).",
+        f"name: {path.stem}", "source: agentx", "num_sessions: 393", "agentx:"]
     for p in FREE_PARAMETERS:
         if not p.path.startswith("workload.agentx.") or p.name not in best.params:
             continue
         key = p.path.split(".")[-1]
-        how = (f"FITTED to H1-H3 ({p.dist_field or 'value'}; prior {p.prior:g} {p.unit})"
+        how = (f"{mark} ({p.dist_field or 'value'}; prior {p.prior:g} {p.unit})"
                if p.name in best.fitted_names else
                f"ASSUMED: held at this value in the fit (prior {p.prior:g} {p.unit})")
         if p.dist_field is None:
@@ -149,7 +164,7 @@ def write_workload(best: LayoutFit, base_spec: dict[str, Any], path: Path, stamp
         lines.append(f"  {key}: {{{body}}}  # {how}")
     conc = int(round(best.params["concurrency"]))
     lines += ["replay:",
-              f"  concurrency: {conc}  # FITTED to H1-H3 (live agent clients; not public)",
+              f"  concurrency: {conc}  # {mark} (live agent clients; not public)",
               "  primer: true", "  warmup_requests_per_lane: 10   # AgentX",
               "  window_s: 3600                 # AgentX: one-hour window", "  drain_s: 0", ""]
     path.write_text("\n".join(lines))
@@ -159,18 +174,19 @@ def write_deployment(best: LayoutFit, base_path: Path, path: Path, stamp: str) -
     """The base deployment YAML with the fitted layout (instances, decode width, name)."""
     text = base_path.read_text()
     lay = best.layout
-    header = (f"# The AgentX layout FITTED to H1-H3 within H4 ({stamp}, racksim-calibrate "
-              "workload;\n# record: calibration/headline_fit.yaml). Everything else as in "
+    mark = _mark(best)
+    header = (f"# The AgentX layout within H4: {mark} ({stamp},\n# racksim-calibrate "
+              "workload; record in calibration/). Everything else as in "
               f"{base_path.name}.\n")
     text = re.sub(r"(?m)^name: .*$", f"name: {layout_label(lay)}", text)
     text = re.sub(r"(?m)^router: .*$", f"router: {ROUTER}   # ASSUMED: see calibration/"
                   "headline_fit.yaml and docs/reference_scenario.md", text)
     text = re.sub(r"(?ms)^(prefill:\n(?:  .*\n)*?)  instances: .*?\n",
                   lambda m: m.group(1) + f"  instances: {lay.prefill_instances}"
-                  "                  # FITTED to H1-H3 (within H4)\n", text, count=1)
+                  f"   # {mark} (within H4)\n", text, count=1)
     text = re.sub(r"(?ms)^(decode:\n(?:  .*\n)*?)  gpus: .*?\n",
                   lambda m: m.group(1) + f"  gpus: {lay.decode_gpus}"
-                  "                        # FITTED to H1-H3 (H4: 16 or 32)\n", text, count=1)
+                  f"   # {mark} (H4: 16 or 32)\n", text, count=1)
     body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
     path.write_text(header + body.lstrip("\n") + "\n")
 
@@ -211,10 +227,10 @@ def run_fit(h: Headline, layouts: list[Layout], evaluate: Evaluator,
         fits.append(wf.fit(lay, start, log=log))
     best = min(fits, key=lambda f: (not f.converged, f.cost))
     record: dict[str, Any] = {"best": best, "layouts": fits, "alternatives": [], "loo": {}}
-    if not best.converged:
-        return record
     for f in fits:
         add_whatif(f, evaluate)
+    if not best.converged:
+        return record
     if alternatives:
         for name, ends in HELD.items():
             for value in ends:
@@ -321,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-alternatives", action="store_true", help="skip identifiability")
     ap.add_argument("--no-loo", action="store_true", help="skip leave-one-out")
     ap.add_argument("--dry-run", action="store_true", help="fit and print, write nothing")
+    ap.add_argument("--write-best", action="store_true",
+                    help="when the fit does not converge, write its best point as "
+                         "agentx_headline_best scenarios marked NOT CONVERGED (never as the "
+                         "fitted reference); the exit code stays 3")
     ap.add_argument("--check-window", type=float, nargs=2, metavar=("SHORT_S", "LONG_S"),
                     help="do not fit: simulate the reference scenario over a short window "
                          "with the fit's warm-up and over a long one as configured, and record "
@@ -377,21 +397,23 @@ def main(argv: list[str] | None = None) -> int:
     stamp = datetime.now(UTC).strftime("%Y-%m-%d")
     out = record_yaml(record, h, settings, list(BASE), evaluate.simulations, stamp)
     print(yaml.safe_dump(out, sort_keys=False, width=100))
+    paths = (WORKLOAD_YAML, DEPLOYMENT_YAML, RECORD)
     if not best.converged:
         errs = ", ".join(f"{k} {v:+.1%}" for k, v in best.errors.items())
         print(f"{prog}: the fit did not converge (best {layout_label(best.layout)}: {errs}; "
               f"tolerance {settings.tolerance:.0%}); nothing written as fitted", file=sys.stderr)
-        return EXIT_NOT_CONVERGED
-    if args.dry_run:
+        if not args.write_best or args.dry_run:
+            return EXIT_NOT_CONVERGED
+        paths = BEST_PATHS
+    elif args.dry_run:
         return 0
     from rackSim.config import compose_scenario
     from rackSim.workload.agentx import AgentXSpec
 
     base_cfg = compose_scenario(list(BASE))
     spec = (base_cfg.workload.agentx or AgentXSpec()).model_dump(mode="json")
-    write_workload(best, spec, WORKLOAD_YAML, stamp)
-    write_deployment(best, SCENARIOS / "deployment" / "agentx_p8_dep32.yaml", DEPLOYMENT_YAML,
-                     stamp)
-    RECORD.write_text(yaml.safe_dump(out, sort_keys=False, width=100))
-    print(f"wrote {WORKLOAD_YAML}, {DEPLOYMENT_YAML}, {RECORD}")
-    return 0
+    write_workload(best, spec, paths[0], stamp, paths[2])
+    write_deployment(best, SCENARIOS / "deployment" / "agentx_p8_dep32.yaml", paths[1], stamp)
+    paths[2].write_text(yaml.safe_dump(out, sort_keys=False, width=100))
+    print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
+    return 0 if best.converged else EXIT_NOT_CONVERGED

@@ -135,7 +135,7 @@ def test_written_scenarios_validate(tmp_path: Path) -> None:
     assert spec.output_tokens.median == pytest.approx(fit.params["output_tokens_median"],
                                                       rel=1e-4)
     assert w["replay"]["concurrency"] == round(fit.params["concurrency"])
-    assert wl.read_text().count("FITTED to H1-H3") == 7
+    assert wl.read_text().count("FITTED to H1-H3") == 8  # the header and seven values
     assert spec.resent_output_share == pytest.approx(fit.params["resent_output_share"],
                                                      rel=1e-4)
     d = yaml.safe_load(dep.read_text())
@@ -210,3 +210,15 @@ def test_held_parameters_are_not_fitted_and_say_so(tmp_path: Path) -> None:
     write_workload(best, AgentXSpec().model_dump(mode="json"), wl, "2026-12-01")
     line = next(x for x in wl.read_text().splitlines() if x.startswith("  turns:"))
     assert "ASSUMED: held" in line and "median: 60.0" in line
+
+
+def test_best_point_of_a_fit_that_missed_is_marked(tmp_path: Path) -> None:
+    h = read_headline()
+    fit = WorkloadFit(h, _evaluator(), fixed={"concurrency": 60.0}).fit(Layout(16, 2, 16), {})
+    assert not fit.converged
+    wl, dep = tmp_path / "agentx_headline_best.yaml", tmp_path / "d.yaml"
+    write_workload(fit, AgentXSpec().model_dump(mode="json"), wl, "2026-12-01")
+    write_deployment(fit, SCENARIOS / "deployment" / "agentx_p8_dep32.yaml", dep, "2026-12-01")
+    text = wl.read_text() + dep.read_text()
+    assert "FITTED" not in text and text.count("NOT CONVERGED") >= 8
+    assert yaml.safe_load(wl.read_text())["name"] == "agentx_headline_best"
