@@ -179,8 +179,8 @@ def write_deployment(best: LayoutFit, base_path: Path, path: Path, stamp: str) -
               "workload; record in calibration/). Everything else as in "
               f"{base_path.name}.\n")
     text = re.sub(r"(?m)^name: .*$", f"name: {layout_label(lay)}", text)
-    text = re.sub(r"(?m)^router: .*$", f"router: {ROUTER}   # ASSUMED: see calibration/"
-                  "headline_fit.yaml and docs/reference_scenario.md", text)
+    text = re.sub(r"(?m)^router: .*$", f"router: {ROUTER}   # ASSUMED: see "
+                  "docs/reference_scenario.md (least work is bistable here)", text)
     text = re.sub(r"(?ms)^(prefill:\n(?:  .*\n)*?)  instances: .*?\n",
                   lambda m: m.group(1) + f"  instances: {lay.prefill_instances}"
                   f"   # {mark} (within H4)\n", text, count=1)
