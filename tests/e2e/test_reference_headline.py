@@ -1,0 +1,56 @@
+"""The headline fit's best point as a scenario: it composes, it says what it is, and it
+reproduces the figures its record states (the fit did not converge: docs/reference_scenario.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from rackSim.calibrate.headline import read_headline
+from rackSim.calibrate.headline_fit import BEST_PATHS
+from rackSim.calibrate.workload_fit import TARGET_KEYS, FitSettings
+from rackSim.config import compose_scenario
+from rackSim.run import simulate
+
+BEST = ["workload=agentx_headline_best", "deployment=agentx_headline_best"]
+
+
+@pytest.fixture(scope="module")
+def record() -> dict:
+    return yaml.safe_load(BEST_PATHS[2].read_text())
+
+
+def test_best_scenario_is_the_recorded_point(record: dict) -> None:
+    cfg = compose_scenario(BEST)
+    best = record["best"]
+    assert not best["converged"]  # the record and the scenario say so
+    assert "NOT CONVERGED" in BEST_PATHS[0].read_text()
+    assert cfg.deployment.name == best["layout"]
+    assert cfg.deployment.router == "session_affinity"
+    assert cfg.workload.replay.concurrency == round(best["params"]["concurrency"])
+    agentx = cfg.workload.agentx
+    assert agentx.output_tokens.median == pytest.approx(best["params"]["output_tokens_median"],
+                                                        rel=1e-4)
+    assert agentx.resent_output_share == pytest.approx(best["params"]["resent_output_share"],
+                                                       rel=1e-4)
+    assert 34 <= cfg.deployment.num_gpus <= 64  # H4
+    # the reference (no overrides) stays the assumed scenario
+    assert compose_scenario([]).workload.name == "agentx"
+
+
+@pytest.mark.slow
+def test_best_scenario_reproduces_its_record(record: dict) -> None:
+    """Simulated as the fit evaluated it (same window, warm-up and seed), the written scenario
+    gives the recorded H1-H3 up to the rounding of its values (5 significant digits): 3 %."""
+    s = FitSettings()
+    cfg = compose_scenario([*BEST, "progress=false", f"workload.replay.window_s={s.window_s}",
+                            f"workload.replay.warmup_requests_per_lane="
+                            f"{s.warmup_requests_per_lane}", f"seed={s.seed}"])
+    summary = simulate(cfg).summary
+    h = read_headline()
+    published = {"H1": h.throughput_tok_s_gpu, "H2": h.interactivity_tok_s_user,
+                 "H3": h.revenue_usd_gpu_h}
+    for fid, key in TARGET_KEYS.items():
+        recorded = published[fid] * (1 + record["best"]["errors"][fid])
+        assert summary[key] == pytest.approx(recorded, rel=0.03), fid
