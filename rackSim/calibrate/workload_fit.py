@@ -105,7 +105,7 @@ class FitSettings:
     warmup_requests_per_lane: int = 1
     seed: int = 0
     jobs: int = 2
-    diff_step: float = 0.15     # step of the initial design around the start (in log x)
+    design_step: float = 0.15   # step of the initial design around the start (in log x)
     max_evaluations: int = 12   # surrogate rounds (each simulates 2 points)
     refit_evaluations: int = 3  # rounds for alternatives and leave-one-out (start at the fit)
     tolerance: float = 0.10     # converged: every target within this relative error
@@ -271,25 +271,30 @@ class WorkloadFit:
         out.update(self.fixed)
         return out
 
-    def residuals(self, out: dict[str, float], x: np.ndarray, targets: Sequence[str]
+    def _log_ratios(self, out: dict[str, float]) -> np.ndarray:
+        """log(simulated / published) of H1, H2, H3."""
+        return np.array([math.log(max(out[TARGET_KEYS[t]], 1e-9) / self.published(t))
+                         for t in ("H1", "H2", "H3")])
+
+    def residuals(self, log_ratios: np.ndarray, x: np.ndarray, targets: Sequence[str]
                   ) -> np.ndarray:
-        r = [math.log(max(out[TARGET_KEYS[t]], 1e-9) / self.published(t))
-             / self.settings.target_sigma for t in targets]
-        r += [(v - math.log(p.prior)) / p.prior_width for p, v in zip(self.free, x, strict=True)]
-        return np.array(r)
+        """MAP residuals of a point: each target's log ratio over its sd, then each free
+        parameter's log distance from its prior over the prior's width."""
+        idx = [("H1", "H2", "H3").index(t) for t in targets]
+        prior = np.log([p.prior for p in self.free])
+        width = np.array([p.prior_width for p in self.free])
+        return np.concatenate([log_ratios[idx] / self.settings.target_sigma,
+                               (x - prior) / width])
 
     def best_start(self, layout: Layout, starts: Sequence[dict[str, float]],
                    targets: Sequence[str] = ("H1", "H2", "H3")) -> dict[str, float]:
         """The start with the smallest objective (the starts are simulated in parallel)."""
         outs = self.evaluate([(dict(st, **self.fixed), layout) for st in starts])
-        costs = [float(np.sum(self.residuals(o, np.log([st[p.name] for p in self.free]),
+        costs = [float(np.sum(self.residuals(self._log_ratios(o),
+                                             np.log([st[p.name] for p in self.free]),
                                              targets) ** 2))
                  for o, st in zip(outs, starts, strict=True)]
         return starts[int(np.argmin(costs))]
-
-    def _log_ratios(self, out: dict[str, float]) -> np.ndarray:
-        return np.array([math.log(max(out[TARGET_KEYS[t]], 1e-9) / self.published(t))
-                         for t in ("H1", "H2", "H3")])
 
     def fit(self, layout: Layout, start: dict[str, float],
             targets: Sequence[str] = ("H1", "H2", "H3"),
@@ -303,9 +308,6 @@ class WorkloadFit:
         hi = np.log([p.high for p in self.free])
         k = len(self.free)
         idx = [("H1", "H2", "H3").index(t) for t in targets]
-        prior = np.log([p.prior for p in self.free])
-        width = np.array([p.prior_width for p in self.free])
-        sigma = self.settings.target_sigma
         xs: list[np.ndarray] = []
         ys: list[np.ndarray] = []
         outs: list[dict[str, float]] = []
@@ -323,10 +325,10 @@ class WorkloadFit:
                                                         strict=True)))
 
         def cost(x: np.ndarray, y: np.ndarray) -> float:
-            return float(np.sum((y[idx] / sigma) ** 2) + np.sum(((x - prior) / width) ** 2))
+            return float(np.sum(self.residuals(y, x, targets) ** 2))
 
         x0 = np.clip(np.log([start.get(p.name, p.prior) for p in self.free]), lo, hi)
-        step = self.settings.diff_step
+        step = self.settings.design_step
         simulate([x0] + [np.clip(x0 + step * np.eye(k)[i] * (1 if x0[i] + step <= hi[i]
                                                              else -1), lo, hi)
                          for i in range(k)])
@@ -344,8 +346,7 @@ class WorkloadFit:
 
             def surrogate(x: np.ndarray, c: np.ndarray = intercept, m: np.ndarray = slope,
                           xb: np.ndarray = xb) -> np.ndarray:
-                y = c + m @ (x - xb)
-                return np.concatenate([y[idx] / sigma, (x - prior) / width])
+                return self.residuals(c + m @ (x - xb), x, targets)
 
             box_lo, box_hi = np.maximum(lo, xb - radius), np.minimum(hi, xb + radius)
             prop = least_squares(surrogate, np.clip(xb, box_lo, box_hi),
@@ -362,7 +363,8 @@ class WorkloadFit:
         params, out = self._params(xs[best]), outs[best]
         errors = {t: out[TARGET_KEYS[t]] / self.published(t) - 1.0 for t in ("H1", "H2", "H3")}
         converged = all(abs(errors[t]) <= self.settings.tolerance for t in targets)
-        J = np.vstack([slope[idx] / sigma, np.diag(1 / width)])
+        width = np.array([p.prior_width for p in self.free])
+        J = np.vstack([slope[idx] / self.settings.target_sigma, np.diag(1 / width)])
         cov = np.linalg.pinv(J.T @ J)
         sd = {p.name: float(math.sqrt(max(cov[i, i], 0.0))) for i, p in enumerate(self.free)}
         return LayoutFit(layout, params, out, errors, 0.5 * cost(xs[best], ys[best]),
