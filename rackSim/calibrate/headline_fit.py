@@ -62,7 +62,7 @@ BEST_PATHS = (SCENARIOS / "workload" / "agentx_headline_best.yaml",
 #: Alternative fits of the chosen layout with one parameter held away from its fitted value
 #: (identifiability: do fits that meet H1-H3 as well predict the same what-if?): sessions
 #: half as long as the prior's, and tool delays four times the prior's.
-HELD = {"turns_median": (12.0,), "tool_delay_s_median": (6.0,)}
+ALTERNATIVE_HOLDS = {"turns_median": (12.0,), "tool_delay_s_median": (6.0,)}
 
 
 def parse_layouts(text: str, h: Headline) -> list[Layout]:
@@ -232,7 +232,7 @@ def run_fit(h: Headline, layouts: list[Layout], evaluate: Evaluator,
     if not best.converged:
         return record
     if alternatives:
-        for name, ends in HELD.items():
+        for name, ends in ALTERNATIVE_HOLDS.items():
             for value in ends:
                 log(f"alternative: {name} held at {value:g}")
                 alt = WorkloadFit(h, evaluate, fixed={**held, name: value}).fit(

@@ -67,6 +67,7 @@ class FreeParameter:
     unit: str
     why: str                # the plausibility statement (agentx.md)
     dist_field: str | None = None
+    integer: bool = False   # a count: written rounded to a whole number
 
 
 #: The free parameters of the AgentX workload and the replay. Priors are the generator's
@@ -92,7 +93,8 @@ FREE_PARAMETERS: tuple[FreeParameter, ...] = (
                   "context) and coding agents (earlier thinking blocks are stripped); 1 = the "
                   "whole response re-sent"),
     FreeParameter("concurrency", "workload.replay.concurrency", 2000.0, 2.0, 50.0, 40000.0,
-                  "agent clients", "not public; live agent clients of the benchmark run"),
+                  "agent clients", "not public; live agent clients of the benchmark run",
+                  integer=True),
 )
 
 
@@ -134,7 +136,7 @@ def scenario_changes(params: dict[str, float], layout: Layout, base: dict[str, A
         for k in keys[:-1]:
             node = node.setdefault(k, {})
         if p.dist_field is None:
-            node[keys[-1]] = int(round(value)) if p.name == "concurrency" else value
+            node[keys[-1]] = int(round(value)) if p.integer else value
         else:
             dist = dict(_lookup(base, keys) or {})
             dist[p.dist_field] = value
@@ -224,13 +226,13 @@ class Evaluator:
         return [self.cache[k] for k in keys]
 
     def _run(self, points: list[tuple[dict[str, float], Layout]]) -> list[dict[str, float]]:
-        if self.settings.jobs <= 1 or len(points) == 1 or self._simulate is not simulate_point:
+        if self.settings.jobs <= 1 or len(points) == 1:
             return [self._simulate(self.base_overrides, p, lay, self.settings)
                     for p, lay in points]
         from joblib import Parallel, delayed
 
         return Parallel(n_jobs=self.settings.jobs)(
-            delayed(simulate_point)(self.base_overrides, p, lay, self.settings)
+            delayed(self._simulate)(self.base_overrides, p, lay, self.settings)
             for p, lay in points)
 
 

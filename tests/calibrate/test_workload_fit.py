@@ -83,7 +83,7 @@ def test_run_fit_adds_alternatives_whatif_and_loo() -> None:
                   lambda s: None)
     best = rec["best"]
     assert best.converged and best.whatif["layout"] == "P16xDEP2+DEP32"
-    assert len(rec["alternatives"]) == sum(len(v) for v in headline_fit.HELD.values())
+    assert len(rec["alternatives"]) == sum(len(v) for v in headline_fit.ALTERNATIVE_HOLDS.values())
     assert set(rec["loo"]) == {"H1", "H2", "H3"}
     # leaving H2 out, the toy's concurrency is pulled only by H1 and the prior: the
     # left-out prediction is what the other targets imply, not the published value
