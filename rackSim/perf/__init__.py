@@ -10,7 +10,7 @@ def build_step_model(cfg: RunConfig, role: str, seed: int = 0) -> StepModel:
     """A fresh step model for one instance (`role` is 'prefill' or 'decode'); `seed` drives
     its stochastic parts (stragglers, expert-popularity drift)."""
     if cfg.perf.model == "measured":
-        from rackSim.validate.step_model import MeasuredStepModel
+        from rackSim.perf.measured import MeasuredStepModel
 
         return MeasuredStepModel(cfg, role=role, seed=seed)
     if cfg.perf.model == "calibrated":

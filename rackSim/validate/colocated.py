@@ -31,8 +31,7 @@ from rackSim.engine.client import AgentClients
 from rackSim.engine.prefix_cache import BlockCache
 from rackSim.engine.request import Job
 from rackSim.metrics.records import RequestRecord
-from rackSim.validate.fit import Profile
-from rackSim.validate.step_model import MeasuredStepModel
+from rackSim.perf.measured import MeasuredStepModel, Profile
 from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, SessionInstance
 from rackSim.workload.replay import ClosedLoopReplay
 

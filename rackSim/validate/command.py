@@ -203,7 +203,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def _shape(args: argparse.Namespace):
-    from rackSim.validate.fit import ServerShape
+    from rackSim.perf.measured import ServerShape
 
     return ServerShape(max_num_batched_tokens=args.max_num_batched_tokens,
                        max_num_seqs=args.max_num_seqs, block_tokens=128,
@@ -253,6 +253,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
+    from rackSim.perf.measured import Profile
     from rackSim.validate.colocated import simulate_colocated
     from rackSim.validate.compare import (
         compare_summaries,
@@ -260,7 +261,6 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         summarize_run,
         write_comparison,
     )
-    from rackSim.validate.fit import Profile
     from rackSim.validate.ingest import load_driver_run
     from rackSim.workload.sources import load_sessions
 

@@ -28,84 +28,12 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
-import yaml
 from scipy.optimize import least_squares
 
 from rackSim.metrics.records import RequestRecord
-
-PROFILE_FORMAT = "racksim-measured-profile/1"
-COEFFS = ("const_ms", "per_prefill_token_ms", "per_prefill_request_ms",
-          "per_decode_request_ms", "per_context_token_ms")
-
-
-@dataclass
-class ServerShape:
-    """The scheduler limits of the measured server. max_num_batched_tokens: token budget per
-    step; max_num_seqs: running requests cap; block_tokens: KV block size (tokens);
-    kv_capacity_tokens: KV cache size (tokens)."""
-
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 64
-    block_tokens: int = 128
-    kv_capacity_tokens: int = 1_048_576
-
-
-@dataclass
-class Profile:
-    """A fitted step-time profile (see the module docstring); times in ms."""
-
-    coeffs: dict[str, float]
-    overhead_ms: float = 0.0
-    api_overhead_ms: float = 0.0
-    server: ServerShape = field(default_factory=ServerShape)
-    source: str = "iteration_log"
-    provenance: dict = field(default_factory=dict)
-    residuals: dict = field(default_factory=dict)
-
-    def step_ms(self, prefill_tokens: float, prefill_requests: float, decode_requests: float,
-                context_tokens: float = 0.0) -> float:
-        """Duration (ms) of one engine step with these counts, overhead included."""
-        c = self.coeffs
-        return (c["const_ms"] + c["per_prefill_token_ms"] * prefill_tokens
-                + c["per_prefill_request_ms"] * prefill_requests
-                + c["per_decode_request_ms"] * decode_requests
-                + c["per_context_token_ms"] * context_tokens + self.overhead_ms)
-
-    def to_yaml(self, path: Path) -> Path:
-        doc = {"format": PROFILE_FORMAT, "kind": "measured_step_time", "source": self.source,
-               "step_ms": {k: float(self.coeffs[k]) for k in COEFFS},
-               "overhead_ms": float(self.overhead_ms),
-               "api_overhead_ms": float(self.api_overhead_ms),
-               "server": vars(self.server), "provenance": self.provenance,
-               "residuals": self.residuals}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        return path
-
-    @classmethod
-    def from_yaml(cls, path: Path) -> Profile:
-        """Read a profile; ValueError naming the missing field and the fix."""
-        try:
-            doc = yaml.safe_load(Path(path).read_text())
-        except OSError as err:
-            raise ValueError(f"profile: cannot read '{path}' ({err})") from err
-        if not isinstance(doc, dict) or doc.get("format") != PROFILE_FORMAT:
-            raise ValueError(f"profile '{path}': not a {PROFILE_FORMAT} file; produce one with "
-                             "`racksim-validate fit`")
-        step = doc.get("step_ms") or {}
-        missing = [k for k in COEFFS if k not in step]
-        if missing:
-            raise ValueError(f"profile '{path}': step_ms lacks {missing}")
-        return cls(coeffs={k: float(step[k]) for k in COEFFS},
-                   overhead_ms=float(doc.get("overhead_ms", 0.0)),
-                   api_overhead_ms=float(doc.get("api_overhead_ms", 0.0)),
-                   server=ServerShape(**(doc.get("server") or {})),
-                   source=str(doc.get("source", "")), provenance=doc.get("provenance") or {},
-                   residuals=doc.get("residuals") or {})
+from rackSim.perf.measured import COEFFS, Profile, ServerShape
 
 
 def _stats(pred: np.ndarray, obs: np.ndarray) -> dict[str, float]:

@@ -15,9 +15,9 @@ import math
 from collections.abc import Callable
 
 from rackSim.config.specs import ReplaySpec
+from rackSim.perf.measured import Profile
 from rackSim.validate.colocated import simulate_colocated
 from rackSim.validate.compare import summarize_run
-from rackSim.validate.fit import Profile
 from rackSim.workload.graph import SessionGraph
 
 

@@ -87,7 +87,7 @@ def test_measured_profile_prices_the_steps(smoke_cfg):
                                  "perf.profile=calibration/cpu-tiny-moe__vllm-cpu.yaml",
                                  "workload.replay.window_s=10"])
     from rackSim.perf import build_step_model
-    from rackSim.validate.step_model import MeasuredStepModel
+    from rackSim.perf.measured import MeasuredStepModel
 
     assert isinstance(build_step_model(measured, "decode"), MeasuredStepModel)
     r = simulate(measured, progress=False)

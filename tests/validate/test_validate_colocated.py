@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rackSim.config.specs import ReplaySpec
+from rackSim.perf.measured import Profile, ServerShape
 from rackSim.validate.colocated import simulate_colocated
-from rackSim.validate.fit import Profile, ServerShape
 from rackSim.workload.graph import RequestSpec, SessionGraph
 
 COEF = {"const_ms": 2.0, "per_prefill_token_ms": 0.01, "per_prefill_request_ms": 1.0,

@@ -8,9 +8,9 @@ import json
 import pandas as pd
 import pytest
 
+from rackSim.perf.measured import Profile, ServerShape
 from rackSim.validate.colocated import simulate_colocated
 from rackSim.validate.command import EXIT_BAD_INPUT, EXIT_OK, main
-from rackSim.validate.fit import Profile, ServerShape
 from rackSim.validate.recording import RecordWriter
 from rackSim.validate.workloads import cpu_tiny_workload
 from rackSim.workload.sources import load_sessions

@@ -9,18 +9,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from rackSim.perf.measured import COEFFS, MeasuredStepModel, Profile, ServerShape
 from rackSim.perf.step import DecodeBatch, PrefillBatch
 from rackSim.validate.colocated import simulate_colocated
 from rackSim.validate.compare import delivery_gaps, summarize_run
-from rackSim.validate.fit import (
-    COEFFS,
-    Profile,
-    ServerShape,
-    fit_driver_records,
-    fit_iteration_log,
-)
+from rackSim.validate.fit import fit_driver_records, fit_iteration_log
 from rackSim.validate.refine import refine_overheads
-from rackSim.validate.step_model import MeasuredStepModel
 from rackSim.validate.workloads import cpu_tiny_workload
 from rackSim.workload.sources import load_sessions
 

@@ -1,0 +1,137 @@
+"""A measured server's step time: the fitted profile and the StepModel it prices.
+
+A profile (`racksim-validate fit` writes one, `rackSim.validate.fit` fits it) prices one vLLM
+engine step, which mixes prefill chunks and decode tokens:
+
+    step_ms = const_ms + per_prefill_token_ms * prefill_tokens
+              + per_prefill_request_ms * prefill_requests
+              + per_decode_request_ms * decode_requests + per_context_token_ms * context_tokens
+              + overhead_ms
+
+`api_overhead_ms` is a fixed per-request delay before a request reaches the scheduler; the
+profile also records the server's shape (scheduler limits, KV cache) it was measured on.
+
+`build_step_model` dispatches `cfg.perf.model == "measured"` here:
+`MeasuredStepModel(cfg, role=role, seed=seed)` reads `cfg.perf.profile`; the colocated engine
+prices vLLM's mixed steps with `mixed_step`. The profile has no per-operator split, so the
+breakdown is coarse: the constant and per-step overhead go to `cpu`, the per-token and
+per-request terms to `dense`, the context term to `attention`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from rackSim.perf.step import DecodeBatch, PrefillBatch, StepBreakdown
+
+PROFILE_FORMAT = "racksim-measured-profile/1"
+COEFFS = ("const_ms", "per_prefill_token_ms", "per_prefill_request_ms",
+          "per_decode_request_ms", "per_context_token_ms")
+
+
+@dataclass
+class ServerShape:
+    """The scheduler limits of the measured server. max_num_batched_tokens: token budget per
+    step; max_num_seqs: running requests cap; block_tokens: KV block size (tokens);
+    kv_capacity_tokens: KV cache size (tokens)."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    block_tokens: int = 128
+    kv_capacity_tokens: int = 1_048_576
+
+
+@dataclass
+class Profile:
+    """A fitted step-time profile (see the module docstring); times in ms."""
+
+    coeffs: dict[str, float]
+    overhead_ms: float = 0.0
+    api_overhead_ms: float = 0.0
+    server: ServerShape = field(default_factory=ServerShape)
+    source: str = "iteration_log"
+    provenance: dict = field(default_factory=dict)
+    residuals: dict = field(default_factory=dict)
+
+    def step_ms(self, prefill_tokens: float, prefill_requests: float, decode_requests: float,
+                context_tokens: float = 0.0) -> float:
+        """Duration (ms) of one engine step with these counts, overhead included."""
+        c = self.coeffs
+        return (c["const_ms"] + c["per_prefill_token_ms"] * prefill_tokens
+                + c["per_prefill_request_ms"] * prefill_requests
+                + c["per_decode_request_ms"] * decode_requests
+                + c["per_context_token_ms"] * context_tokens + self.overhead_ms)
+
+    def to_yaml(self, path: Path) -> Path:
+        doc = {"format": PROFILE_FORMAT, "kind": "measured_step_time", "source": self.source,
+               "step_ms": {k: float(self.coeffs[k]) for k in COEFFS},
+               "overhead_ms": float(self.overhead_ms),
+               "api_overhead_ms": float(self.api_overhead_ms),
+               "server": vars(self.server), "provenance": self.provenance,
+               "residuals": self.residuals}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    @classmethod
+    def from_yaml(cls, path: Path) -> Profile:
+        """Read a profile; ValueError naming the missing field and the fix."""
+        try:
+            doc = yaml.safe_load(Path(path).read_text())
+        except OSError as err:
+            raise ValueError(f"profile: cannot read '{path}' ({err})") from err
+        if not isinstance(doc, dict) or doc.get("format") != PROFILE_FORMAT:
+            raise ValueError(f"profile '{path}': not a {PROFILE_FORMAT} file; produce one with "
+                             "`racksim-validate fit`")
+        step = doc.get("step_ms") or {}
+        missing = [k for k in COEFFS if k not in step]
+        if missing:
+            raise ValueError(f"profile '{path}': step_ms lacks {missing}")
+        return cls(coeffs={k: float(step[k]) for k in COEFFS},
+                   overhead_ms=float(doc.get("overhead_ms", 0.0)),
+                   api_overhead_ms=float(doc.get("api_overhead_ms", 0.0)),
+                   server=ServerShape(**(doc.get("server") or {})),
+                   source=str(doc.get("source", "")), provenance=doc.get("provenance") or {},
+                   residuals=doc.get("residuals") or {})
+
+
+
+class MeasuredStepModel:
+    """Step times of one instance from a measured profile (deterministic: `seed` unused)."""
+
+    def __init__(self, cfg: object | None = None, role: str = "decode", seed: int = 0,
+                 profile: Profile | None = None):
+        if profile is None:
+            path = getattr(getattr(cfg, "perf", None), "profile", None)
+            if path is None:
+                raise ValueError("perf.profile: model 'measured' needs a profile YAML "
+                                 "(produce one with `racksim-validate fit`)")
+            profile = Profile.from_yaml(Path(path))
+        self.profile, self.role, self.seed = profile, role, seed
+
+    @classmethod
+    def from_profile(cls, profile: Profile, role: str = "colocated") -> MeasuredStepModel:
+        return cls(profile=profile, role=role)
+
+    def mixed_step(self, prefill_tokens: float, prefill_requests: int, decode_requests: int,
+                   context_tokens: float = 0.0) -> StepBreakdown:
+        """One engine step with prefill chunks and decode tokens together (ms)."""
+        c = self.profile.coeffs
+        return StepBreakdown(
+            cpu=c["const_ms"] + self.profile.overhead_ms,
+            dense=(c["per_prefill_token_ms"] * prefill_tokens
+                   + c["per_prefill_request_ms"] * prefill_requests
+                   + c["per_decode_request_ms"] * decode_requests),
+            attention=c["per_context_token_ms"] * context_tokens)
+
+    def prefill_step(self, batch: PrefillBatch) -> StepBreakdown:
+        return self.mixed_step(batch.new_tokens, batch.num_requests, 0, batch.attended_tokens)
+
+    def decode_step(self, batch: DecodeBatch) -> StepBreakdown:
+        """Ranks run in lock-step: the busiest rank (requests, context) sets the time."""
+        reqs = max(batch.requests_per_rank, default=0)
+        ctx = max(batch.context_tokens_per_rank, default=0.0)
+        return self.mixed_step(0, 0, reqs, ctx)
