@@ -116,6 +116,24 @@ class HardwareSpec(StrictModel):
     host_link_bw_bytes_s: PositiveFloat = Field(description="CPU<->GPU bandwidth per GPU")
     cpu_cores_per_gpu: PositiveInt
     power_w: PositiveFloat
+    nic_bw_bytes_s: PositiveFloat | None = Field(default=None, description=(
+        "scale-out NIC bandwidth per GPU, one direction (bytes/s): traffic between NVLink "
+        "domains"))
+    kernel_tables: str | None = Field(default=None, description=(
+        "aiconfigurator-core system whose measured vLLM kernel tables describe this GPU "
+        "(systems/data/<name>); racksim-calibrate profile fits to them"))
+
+    #: dtypes the step models price (`perf.weight_dtype`, GEMM and attention dtypes)
+    DTYPES: ClassVar[tuple[str, ...]] = ("fp4", "fp8", "bf16")
+
+    @model_validator(mode="after")
+    def _check(self) -> HardwareSpec:
+        unknown = sorted(set(self.flops) - set(self.DTYPES))
+        if unknown:
+            raise ValueError(f"flops: unknown dtype(s) {unknown}; use {list(self.DTYPES)}")
+        if "bf16" not in self.flops:
+            raise ValueError("flops: needs 'bf16' (attention and BF16 GEMMs run in it)")
+        return self
 
 
 class SpeculativeSpec(StrictModel):
