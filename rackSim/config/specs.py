@@ -119,6 +119,11 @@ class HardwareSpec(StrictModel):
     nic_bw_bytes_s: PositiveFloat | None = Field(default=None, description=(
         "scale-out NIC bandwidth per GPU, one direction (bytes/s): traffic between NVLink "
         "domains"))
+    nic_latency_us: float | None = Field(default=None, ge=0, description=(
+        "one message across the scale-out network, NIC to NIC through the switch tiers (us)"))
+    nvlink_domain_gpus: PositiveInt | None = Field(default=None, description=(
+        "GPUs per NVLink domain (72 in an NVL72 rack, 8 in an HGX node; None: the whole "
+        "rack); an instance never spans domains"))
     kernel_tables: str | None = Field(default=None, description=(
         "aiconfigurator-core system whose measured vLLM kernel tables describe this GPU "
         "(systems/data/<name>); racksim-calibrate profile fits to them"))
@@ -133,7 +138,16 @@ class HardwareSpec(StrictModel):
             raise ValueError(f"flops: unknown dtype(s) {unknown}; use {list(self.DTYPES)}")
         if "bf16" not in self.flops:
             raise ValueError("flops: needs 'bf16' (attention and BF16 GEMMs run in it)")
+        if self.gpus_per_rack % self.domain_gpus:
+            raise ValueError(
+                f"nvlink_domain_gpus={self.nvlink_domain_gpus} does not divide gpus_per_rack="
+                f"{self.gpus_per_rack}; a rack holds whole NVLink domains")
         return self
+
+    @property
+    def domain_gpus(self) -> int:
+        """GPUs one NVLink domain connects (an instance's widest possible width)."""
+        return self.nvlink_domain_gpus or self.gpus_per_rack
 
 
 class SpeculativeSpec(StrictModel):
