@@ -41,12 +41,42 @@ class DraftModelSpec(StrictModel):
     params: PositiveFloat = Field(description="total draft parameters (params)")
 
 
+class AttentionShape(StrictModel):
+    """Attention layer shapes of a model generated from its config (`racksim-calibrate model`;
+    config.json field names in the descriptions).
+
+    gqa: grouped-query attention, `kv_heads` K and V heads of `head_dim` cached per layer.
+    mla: multi-head latent attention (DeepSeek-V3), one `kv_lora_rank + rope_head_dim` latent
+    cached per layer; queries of `heads` heads of `head_dim` (= qk_nope + qk_rope) and values of
+    `v_head_dim`. Models without this section (DeepSeek-V4-style compressed attention) take
+    their attention shapes from the calibration profile.
+    """
+
+    kind: Literal["gqa", "mla"]
+    heads: PositiveInt = Field(description="num_attention_heads")
+    kv_heads: PositiveInt = Field(description="num_key_value_heads (mla: 1 shared latent)")
+    head_dim: PositiveInt = Field(description="query/key width per head (mla: nope + rope)")
+    v_head_dim: PositiveInt = Field(description="value width per head")
+    q_lora_rank: int = Field(default=0, ge=0, description="mla: q_lora_rank (0: no q LoRA)")
+    kv_lora_rank: int = Field(default=0, ge=0, description="mla: kv_lora_rank")
+    rope_head_dim: int = Field(default=0, ge=0, description="mla: qk_rope_head_dim")
+
+    @model_validator(mode="after")
+    def _check(self) -> AttentionShape:
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
+        if self.kind == "mla" and (self.kv_lora_rank <= 0 or self.rope_head_dim <= 0):
+            raise ValueError("kind 'mla' needs kv_lora_rank and rope_head_dim")
+        return self
+
+
 class ModelSpec(StrictModel):
-    """A mixture-of-experts model, as data (one YAML file per model under scenarios/model/).
+    """A transformer model, as data (one YAML file per model under scenarios/model/).
 
     `dense_params` is stated, not derived: the sum over the model's non-routed layer shapes
     (scenarios/model/*.yaml shows the sum). Routed experts plus dense parameters must come to
-    `total_params` within `PARAMS_TOLERANCE`.
+    `total_params` within `PARAMS_TOLERANCE`. A dense model has no routed experts
+    (`num_routed_experts` = `experts_per_token` = `num_moe_layers` = 0).
     """
 
     #: largest relative gap allowed between routed + dense parameters and total_params
@@ -58,21 +88,35 @@ class ModelSpec(StrictModel):
         "non-routed parameters (params): attention projections, compressors, indexer, shared "
         "experts, router, hyper-connections, embedding and LM head"))
     num_layers: PositiveInt
-    num_moe_layers: PositiveInt = Field(description="layers with routed experts")
+    num_moe_layers: int = Field(ge=0, description="layers with routed experts")
     hidden_size: PositiveInt
-    num_routed_experts: PositiveInt
-    experts_per_token: PositiveInt
+    num_routed_experts: int = Field(ge=0)
+    experts_per_token: int = Field(ge=0)
     num_shared_experts: int = Field(ge=0)
-    moe_intermediate_size: PositiveInt
+    moe_intermediate_size: int = Field(ge=0)
     weight_bytes_per_param: PositiveFloat = Field(
         description="bytes per weight incl. block scales (FP4 with FP8 scales: 0.5625)")
     kv_bytes_per_token: PositiveFloat = Field(description="global KV cache bytes per token")
     context_window: PositiveInt = Field(description="max tokens per request")
-    sliding_window: PositiveInt = Field(description="tokens attended densely (sliding window)")
-    attention_topk_tokens: PositiveInt = Field(
-        description="tokens a sparse-attention query selects beyond the window")
-    indexer_bytes_per_token: float = Field(ge=0, description="indexer key bytes per token")
+    sliding_window: PositiveInt = Field(description=(
+        "tokens attended densely (sliding window; full attention: the context window)"))
+    attention_topk_tokens: int = Field(default=0, ge=0, description=(
+        "tokens a sparse-attention query selects beyond the window (0: no sparse selection)"))
+    indexer_bytes_per_token: float = Field(default=0.0, ge=0,
+                                           description="indexer key bytes per token")
     draft: DraftModelSpec | None = None
+    attention: AttentionShape | None = Field(default=None, description=(
+        "attention shapes of a generated model (None: compressed attention, profile shapes)"))
+    dense_ffn_layers: int = Field(default=0, ge=0, description=(
+        "layers with a dense FFN instead of routed experts (first_k_dense_replace; all layers "
+        "of a dense model)"))
+    dense_intermediate_size: int = Field(default=0, ge=0,
+                                         description="intermediate_size of the dense FFN")
+    vocab_size: int = Field(default=0, ge=0, description="vocab_size (LM head rows)")
+    gemm_dtype: Literal["fp8", "bf16"] = Field(
+        default="fp8", description="dtype of the dense linear layers of a generated model")
+    provenance: dict[str, str] = Field(default_factory=dict, description=(
+        "where each value came from: the config field, or 'ASSUMED: <reason>'"))
 
     @property
     def expert_params(self) -> float:
@@ -89,10 +133,25 @@ class ModelSpec(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
+        routed = (self.num_routed_experts, self.experts_per_token, self.num_moe_layers,
+                  self.moe_intermediate_size)
+        if any(routed) and not all(routed):
+            raise ValueError(
+                "num_routed_experts, experts_per_token, num_moe_layers and "
+                "moe_intermediate_size must all be > 0 (a MoE model) or the first three 0 "
+                f"(a dense model); got {routed}")
         if self.experts_per_token > self.num_routed_experts:
             raise ValueError("experts_per_token exceeds num_routed_experts")
         if self.num_moe_layers > self.num_layers:
             raise ValueError("num_moe_layers exceeds num_layers")
+        if self.num_moe_layers + self.dense_ffn_layers > self.num_layers:
+            raise ValueError(
+                f"num_moe_layers={self.num_moe_layers} + dense_ffn_layers="
+                f"{self.dense_ffn_layers} exceed num_layers={self.num_layers}")
+        if self.dense_ffn_layers and not self.dense_intermediate_size:
+            raise ValueError("dense_ffn_layers > 0 needs dense_intermediate_size")
+        if self.attention is not None and not self.vocab_size:
+            raise ValueError("a model with an 'attention' section needs vocab_size")
         gap = (self.routed_params + self.dense_params) / self.total_params - 1.0
         if abs(gap) > self.PARAMS_TOLERANCE:
             raise ValueError(
