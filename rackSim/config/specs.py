@@ -224,7 +224,8 @@ class SpeculativeSpec(StrictModel):
 
 
 class PrefillSpec(StrictModel):
-    instances: PositiveInt
+    instances: int = Field(ge=0, description=(
+        "prefill instances per rack (0: this rack group only decodes)"))
     gpus_per_instance: PositiveInt
     parallelism: Literal["DEP", "TP"] = "DEP"
     max_num_batched_tokens: PositiveInt = Field(description="token budget per step per rank")
@@ -232,6 +233,8 @@ class PrefillSpec(StrictModel):
 
 
 class DecodeSpec(StrictModel):
+    instances: int = Field(default=1, ge=0, description=(
+        "decode instances per rack, each `gpus` wide (0: this rack group only prefills)"))
     gpus: PositiveInt = Field(description="DEP width: data-parallel attention ranks = EP ranks")
     parallelism: Literal["DEP", "TP"] = "DEP"
     max_num_seqs_per_rank: PositiveInt
@@ -276,20 +279,138 @@ class CacheSpec(StrictModel):
     host_offload: bool = True
 
 
-class DeploymentSpec(StrictModel):
+class RackGroupSpec(StrictModel):
+    """`racks` racks that carry the same layout; a layout left out is the deployment's."""
+
     name: str
-    racks: PositiveInt = 1
+    racks: PositiveInt
+    prefill: PrefillSpec | None = None
+    decode: DecodeSpec | None = None
+
+    @property
+    def gpus_per_rack(self) -> int:
+        """GPUs one rack of this group uses (only meaningful once the layout is filled in)."""
+        p, d = self.prefill, self.decode
+        return p.instances * p.gpus_per_instance + d.instances * d.gpus
+
+
+FLEET_POLICIES = ("round_robin", "least_work", "session_affinity", "prefix_affinity")
+
+
+class FleetRouterSpec(StrictModel):
+    """The global router: which rack prefills a request, and where its decode runs.
+
+    Policies: round_robin; least_work (least outstanding prefill work per prefill GPU);
+    session_affinity (a session stays in its rack, first rack by least work); prefix_affinity
+    (the rack holding the session's prefix unless another rack's work plus the prompt is
+    smaller than the home rack's work plus the uncached part there). Docs: docs/fleets.md.
+    """
+
+    policy: Literal["round_robin", "least_work", "session_affinity", "prefix_affinity"] = \
+        "session_affinity"
+    spill_tokens_per_gpu: PositiveFloat | None = Field(default=None, description=(
+        "a rack whose outstanding prefill tokens per prefill GPU exceed this is saturated: "
+        "its sessions move to the least-loaded rack (None: never spill)"))
+    entry_groups: list[str] | None = Field(default=None, description=(
+        "rack groups new sessions start in (None: all); the others take spill-over only"))
+    decode_spill: bool = Field(default=True, description=(
+        "when every decode instance of the prefill's rack is full, decode in another rack "
+        "(KV over the scale-out network)"))
+
+
+def _merged(base: dict, over: dict) -> dict:
+    """`over` on top of `base`, nested dicts merged key by key."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+class DeploymentSpec(StrictModel):
+    """A fleet: `racks` racks of the `prefill` + `decode` layout, or rack `groups` with their
+    own layouts (a group that leaves its layout out carries the deployment's)."""
+
+    name: str
+    racks: PositiveInt | None = Field(default=None, description=(
+        "racks carrying the layout (None: 1, or the sum over `groups`)"))
     prefill: PrefillSpec
     decode: DecodeSpec
+    groups: list[RackGroupSpec] | None = None
     kv_transfer: KvTransferSpec
     router: Literal["round_robin", "least_loaded", "session_affinity", "prefix_affinity"]
+    fleet_router: FleetRouterSpec = FleetRouterSpec()
     eplb: EplbSpec
     allreduce: Literal["ring", "recursive_doubling"] = "recursive_doubling"
     cache: CacheSpec
 
+    @model_validator(mode="before")
+    @classmethod
+    def _inherit_layout(cls, data: object) -> object:
+        """A rack group's partial `prefill` / `decode` overrides the deployment's, key by key
+        (`decode: {instances: 2, gpus: 16}` keeps the rest of the deployment's decode)."""
+        if not isinstance(data, dict) or not isinstance(data.get("groups"), list):
+            return data
+        groups = []
+        for g in data["groups"]:
+            if isinstance(g, dict):
+                g = dict(g)
+                for role in ("prefill", "decode"):
+                    if isinstance(g.get(role), dict) and isinstance(data.get(role), dict):
+                        g[role] = _merged(data[role], g[role])
+            groups.append(g)
+        return {**data, "groups": groups}
+
+    @property
+    def rack_groups(self) -> list[RackGroupSpec]:
+        """Every rack group with its layout filled in; without `groups`, one group named after
+        the deployment carrying `racks` racks of the top-level layout."""
+        if not self.groups:
+            return [RackGroupSpec(name=self.name, racks=self.racks or 1, prefill=self.prefill,
+                                  decode=self.decode)]
+        return [g.model_copy(update={"prefill": g.prefill or self.prefill,
+                                     "decode": g.decode or self.decode}) for g in self.groups]
+
+    @property
+    def num_racks(self) -> int:
+        return sum(g.racks for g in self.rack_groups)
+
     @property
     def num_gpus(self) -> int:
-        return self.prefill.instances * self.prefill.gpus_per_instance + self.decode.gpus
+        """GPUs the whole fleet uses."""
+        return sum(g.racks * g.gpus_per_rack for g in self.rack_groups)
+
+    @model_validator(mode="after")
+    def _check(self) -> DeploymentSpec:
+        groups = self.rack_groups
+        if self.groups:
+            names = [g.name for g in groups]
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                raise ValueError(f"groups: names {dup} repeat; give each rack group its own name")
+            if self.racks is not None and self.racks != self.num_racks:
+                raise ValueError(
+                    f"racks={self.racks} but groups carry {self.num_racks} racks; set racks to "
+                    f"{self.num_racks} or leave it out")
+            unknown = sorted(set(self.fleet_router.entry_groups or ()) - set(names))
+            if unknown:
+                raise ValueError(
+                    f"fleet_router.entry_groups: unknown rack group(s) {unknown}; the groups "
+                    f"are {names}")
+        elif self.fleet_router.entry_groups is not None and \
+                set(self.fleet_router.entry_groups) - {self.name}:
+            raise ValueError(
+                f"fleet_router.entry_groups: {self.fleet_router.entry_groups} name rack groups "
+                f"but this deployment has none besides '{self.name}'; add `groups` or drop it")
+        for role in ("prefill", "decode"):
+            if not sum(g.racks * getattr(g, role).instances for g in groups):
+                raise ValueError(f"{role}.instances: the fleet has no {role} instance; give at "
+                                 f"least one rack group {role} instances")
+        entry = [g for g in groups if self.fleet_router.entry_groups is None
+                 or g.name in self.fleet_router.entry_groups]
+        if not any(g.prefill.instances for g in entry):
+            raise ValueError("fleet_router.entry_groups: none of these groups has prefill "
+                             "instances, so no session could start; name one that prefills")
+        return self
 
 
 class SyntheticSessionsSpec(StrictModel):
@@ -416,13 +537,6 @@ class RunConfig(StrictModel):
     @model_validator(mode="after")
     def _cross_field(self) -> RunConfig:
         m, hw, d = self.model, self.hardware, self.deployment
-        total = d.racks * hw.gpus_per_rack
-        if d.num_gpus > total:
-            raise ValueError(
-                f"deployment: {d.num_gpus} GPUs ({d.prefill.instances} prefill x "
-                f"{d.prefill.gpus_per_instance} + decode {d.decode.gpus}) exceed "
-                f"deployment.racks={d.racks} x hardware.gpus_per_rack={hw.gpus_per_rack} = {total};"
-                " add racks or shrink the layout")
         if self.perf.weight_dtype not in hw.flops:
             raise ValueError(
                 f"perf.weight_dtype '{self.perf.weight_dtype}' not in hardware.flops "
@@ -432,29 +546,83 @@ class RunConfig(StrictModel):
             raise ValueError(
                 f"workload.agentx.context_window={ax.context_window} exceeds the model's "
                 f"context_window={m.context_window}; lower it")
-        experts = m.num_routed_experts + d.eplb.redundant_experts
-        for where, ep in (("decode.gpus", d.decode.gpus),
-                          ("prefill.gpus_per_instance", d.prefill.gpus_per_instance)):
-            if experts % ep:
+        for i, g in enumerate(d.rack_groups):
+            self._check_layout(g, f"groups[{i}]." if d.groups else "")
+        if d.num_racks > 1 and (hw.nic_bw_bytes_s is None or hw.nic_latency_us is None):
+            raise ValueError(
+                f"hardware.nic_bw_bytes_s / hardware.nic_latency_us: a fleet of {d.num_racks} "
+                f"racks moves KV between racks over the scale-out network; give {hw.name} both")
+        return self
+
+    def _check_layout(self, g: RackGroupSpec, where: str) -> None:
+        """One rack group's layout: fits its rack and NVLink domains, spreads the experts,
+        leaves KV room. `where` prefixes field names (`groups[1].` for a rack group)."""
+        m, hw, d = self.model, self.hardware, self.deployment
+        p, dec = g.prefill, g.decode
+        if g.gpus_per_rack > hw.gpus_per_rack:
+            raise ValueError(
+                f"deployment.{where}prefill/decode: one rack's layout needs {g.gpus_per_rack} GPUs "
+                f"({p.instances} prefill x {p.gpus_per_instance} + {dec.instances} decode x "
+                f"{dec.gpus}) but hardware.gpus_per_rack={hw.gpus_per_rack}, and each of its "
+                f"racks={g.racks} racks holds the whole layout; shrink the layout or split it "
+                "over rack groups")
+        widths = [(f"{where}prefill.gpus_per_instance", p.gpus_per_instance, p.instances),
+                  (f"{where}decode.gpus", dec.gpus, dec.instances)]
+        for field, width, n in widths:
+            if n and width > hw.domain_gpus:
                 raise ValueError(
-                    f"deployment.{where}={ep}: {m.num_routed_experts} routed + "
+                    f"deployment.{field}={width}: an instance never spans NVLink domains and "
+                    f"{hw.name} has {hw.domain_gpus} GPUs per domain; narrow it")
+        if not fits_domains([w for _, w, n in widths for _ in range(n)], hw.domain_gpus,
+                            hw.gpus_per_rack // hw.domain_gpus):
+            raise ValueError(
+                f"deployment.{where}prefill/decode: {p.instances} x {p.gpus_per_instance}-GPU "
+                f"prefill + {dec.instances} x {dec.gpus}-GPU decode instances cannot be packed "
+                f"into {hw.gpus_per_rack // hw.domain_gpus} NVLink domains of {hw.domain_gpus} "
+                "GPUs without splitting one; change the widths or counts")
+        experts = m.num_routed_experts + d.eplb.redundant_experts
+        for field, ep, n in widths:
+            if n and experts % ep:
+                raise ValueError(
+                    f"deployment.{field}={ep}: {m.num_routed_experts} routed + "
                     f"{d.eplb.redundant_experts} redundant experts cannot be spread evenly over "
                     f"{ep} EP ranks; pick a width that divides {experts}")
-        if m.draft is not None and m.draft.num_routed_experts % d.decode.gpus and \
-                d.decode.gpus <= m.draft.num_routed_experts:
+        if dec.instances and m.draft is not None and m.draft.num_routed_experts % dec.gpus \
+                and dec.gpus <= m.draft.num_routed_experts:
             raise ValueError(
-                f"deployment.decode.gpus={d.decode.gpus}: draft model's "
+                f"deployment.{where}decode.gpus={dec.gpus}: draft model's "
                 f"{m.draft.num_routed_experts} experts cannot be spread over it")
-        for role, gpus in (("prefill", d.prefill.gpus_per_instance), ("decode", d.decode.gpus)):
+        for role, gpus, n in (("prefill", p.gpus_per_instance, p.instances),
+                              ("decode", dec.gpus, dec.instances)):
             kv = kv_bytes_per_gpu(self, gpus)
             need = m.context_window * m.kv_bytes_per_token
-            if kv < need:
+            if n and kv < need:
                 raise ValueError(
-                    f"deployment.{role}: weights {weights_bytes_per_gpu(m, d, gpus) / GB:.1f} GB "
-                    f"+ activations leave {max(kv, 0) / GB:.2f} GB of KV per GPU, less than one "
-                    f"full-context request ({need / GB:.2f} GB); widen the instance or lower "
+                    f"deployment.{where}{role}: weights "
+                    f"{weights_bytes_per_gpu(m, d, gpus) / GB:.1f} GB + activations leave "
+                    f"{max(kv, 0) / GB:.2f} GB of KV per GPU, less than one full-context request "
+                    f"({need / GB:.2f} GB); widen the instance or lower "
                     "cache.activation_reserve_bytes")
-        return self
+
+    def for_group(self, group: RackGroupSpec) -> RunConfig:
+        """This run with one rack group's layout as the deployment's (what the step models of
+        that group's instances read); not re-validated, the fleet was."""
+        dep = self.deployment.model_copy(update={
+            "prefill": group.prefill, "decode": group.decode, "groups": None, "racks": 1})
+        return self.model_copy(update={"deployment": dep})
+
+
+def fits_domains(widths: list[int], domain_gpus: int, domains: int) -> bool:
+    """Whether instances of these widths pack into `domains` NVLink domains of `domain_gpus`
+    GPUs each without one spanning two (first fit, widest first: exact for the power-of-two
+    widths EP layouts use)."""
+    free = [domain_gpus] * domains
+    for w in sorted(widths, reverse=True):
+        slot = next((i for i, f in enumerate(free) if f >= w), None)
+        if slot is None:
+            return False
+        free[slot] -= w
+    return True
 
 
 def weights_bytes_per_gpu(m: ModelSpec, d: DeploymentSpec, gpus: int) -> float:

@@ -23,6 +23,11 @@ class RequestRecord:
     received. token_times_s: every token's arrival, when recorded (real runs, or simulations with
     `trace_tokens`); otherwise empty. error: None when it succeeded. The sim-only stage times
     (prefill_start_s, prefill_end_s, kv_ready_s, decode_start_s) are NaN for measured runs.
+
+    Fleet placement (simulated): prefill_instance and decode_instance are numbered across the
+    fleet, decode_rank within its decode instance; prefill_rack / decode_rack are the racks
+    that prefilled and decoded it (they differ when its KV crossed the scale-out network), and
+    route is the global router's reason for the rack (docs/fleets.md). -1 / "" when unknown.
     """
 
     session_id: str
@@ -46,6 +51,10 @@ class RequestRecord:
     kv_bytes_moved: float = 0.0
     phase: str = "window"  # primer | warmup | window | drain
     token_times_s: list[float] = field(default_factory=list)
+    prefill_rack: int = -1
+    decode_rack: int = -1
+    decode_instance: int = -1
+    route: str = ""
 
     @property
     def uncached_tokens(self) -> int:
