@@ -1,7 +1,8 @@
 """`racksim-calibrate`: fit a calibration profile and print the fit table, or explain a step.
 
 Subcommands (each its own module with a `main(argv)`): `racksim-calibrate headline` (what the
-published headline implies, rackSim.calibrate.headline).
+published headline implies, rackSim.calibrate.headline), `racksim-calibrate model CONFIG` (a
+model spec from a config.json, rackSim.calibrate.model_spec).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ SUBCOMMANDS = {
     "headline": "rackSim.calibrate.headline",
     "workload": "rackSim.calibrate.headline_fit",
     "prefill": "rackSim.calibrate.prefill",
+    "model": "rackSim.calibrate.model_spec",
 }
 
 

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rackSim.config.specs import ModelSpec
+
 #: Bytes per weight of an FP8 block-quantised GEMM: 1 byte + a 4-byte scale per 128 x 128 block.
 FP8_BLOCK_WEIGHT_BYTES = 1.0 + 4.0 / (128 * 128)
 BF16_BYTES = 2.0
@@ -113,6 +115,44 @@ def dense_gemms(g: DenseGeometry) -> tuple[Gemm, ...]:
         Gemm("router", g.routed_experts, h, L, "bf16"),
         Gemm("lm_head", g.vocab, h, 1, "bf16", rows="requests"),
     )
+
+
+def model_gemms(m: ModelSpec) -> tuple[Gemm, ...]:
+    """The dense GEMMs of a model with standard attention (`m.attention`: GQA or MLA), in the
+    dtype it is served in (`m.gemm_dtype`); router and LM head in BF16.
+
+    GQA: fused qkv ((heads + 2 kv_heads) x head_dim outputs) and o. MLA (DeepSeek-V3): q_a and
+    q_b (or one q projection without a q LoRA), kv_a (latent + rope), kv_b (latent -> per-head
+    nope keys and values; in decode vLLM absorbs it into batched matmuls that read the same
+    weights) and o. Then the dense FFN of `dense_ffn_layers` layers, the shared experts of the
+    MoE layers, the router and the LM head.
+    """
+    a, h, L, dt = m.attention, m.hidden_size, m.num_layers, m.gemm_dtype
+    if a is None:
+        raise ValueError(f"model '{m.name}' has no 'attention' section (compressed attention "
+                         "takes its GEMMs from dense_gemms)")
+    if a.kind == "gqa":
+        attn = (Gemm("attn.qkv", (a.heads + 2 * a.kv_heads) * a.head_dim, h, L, dt),
+                Gemm("attn.o", h, a.heads * a.head_dim, L, dt))
+    else:
+        nope = a.head_dim - a.rope_head_dim
+        q = ((Gemm("attn.q_a", a.q_lora_rank, h, L, dt),
+              Gemm("attn.q_b", a.heads * a.head_dim, a.q_lora_rank, L, dt))
+             if a.q_lora_rank else (Gemm("attn.q", a.heads * a.head_dim, h, L, dt),))
+        attn = (*q, Gemm("attn.kv_a", a.kv_lora_rank + a.rope_head_dim, h, L, dt),
+                Gemm("attn.kv_b", a.heads * (nope + a.v_head_dim), a.kv_lora_rank, L, dt),
+                Gemm("attn.o", h, a.heads * a.v_head_dim, L, dt))
+    ffn: tuple[Gemm, ...] = ()
+    if m.dense_ffn_layers:
+        i, n = m.dense_intermediate_size, m.dense_ffn_layers
+        ffn = (Gemm("mlp.gate_up", 2 * i, h, n, dt), Gemm("mlp.down", h, i, n, dt))
+    moe: tuple[Gemm, ...] = ()
+    if m.num_moe_layers:
+        n, s = m.num_moe_layers, m.moe_intermediate_size * m.num_shared_experts
+        shared = (Gemm("shared.gate_up", 2 * s, h, n, dt), Gemm("shared.down", h, s, n, dt)) \
+            if s else ()
+        moe = (*shared, Gemm("router", m.num_routed_experts, h, n, "bf16"))
+    return (*attn, *ffn, *moe, Gemm("lm_head", m.vocab_size, h, 1, "bf16", rows="requests"))
 
 
 def mhc_params(g: DenseGeometry) -> float:
