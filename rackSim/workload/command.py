@@ -1,13 +1,16 @@
 """`racksim-workload`: describe a workload (generator spec, JSONL file or trace).
 
 Prints a short table, writes `summary.json`, `requests.csv` and `workload.png` to `--out`,
-and can save the session graphs as JSONL.
+and can save the session graphs as JSONL. `racksim-workload import LOGS --out pool.jsonl`
+turns agent session logs into an anonymised session-graph pool (docs/agent_logs.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 
 import yaml
@@ -103,7 +106,52 @@ def print_table(stats: WorkloadStats) -> None:
         print(f"{k:<{width}}  {v}")
 
 
+def _import_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="racksim-workload import",
+                                description="agent session logs -> anonymised session-graph "
+                                            "JSONL (docs/agent_logs.md)")
+    p.add_argument("logs", type=Path, help="a log file or a directory of them")
+    p.add_argument("--out", type=Path, required=True, help="the pool to write (JSONL)")
+    p.add_argument("--format", choices=("auto", "claude-code", "openai"), default="auto",
+                   help="log layout (default: detected from the first entry)")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse the whole pool on any bad session (default: skip and count)")
+    return p
+
+
+def import_main(argv: list[str]) -> int:
+    """`racksim-workload import`: exit 0, or 2 with the issues on stderr (nothing written)."""
+    from rackSim.workload.agent_logs import LogImportError, detect_format, import_sessions
+    from rackSim.workload.claude_code_logs import read_claude_code
+    from rackSim.workload.openai_logs import read_openai
+
+    args = _import_parser().parse_args(argv)
+    if not args.logs.exists():
+        print(f"error: LOGS: no such file or directory {args.logs}", file=sys.stderr)
+        return 2
+    readers = {"claude-code": (read_claude_code, "claude-code transcripts"),
+               "openai": (read_openai, "openai request logs")}
+    try:
+        fmt = detect_format(args.logs) if args.format == "auto" else args.format
+        reader, source = readers[fmt]
+        graphs, report = import_sessions(reader(args.logs), source, strict=args.strict)
+    except LogImportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for issue in report.skipped:
+        print(f"warning: skipped session: {issue}", file=sys.stderr)
+    print("\n".join(report.lines()))
+    partial = args.out.with_name(args.out.name + ".partial")
+    save_jsonl(graphs, partial, meta=report.meta())
+    os.replace(partial, args.out)
+    print(f"wrote {args.out}: {len(graphs)} sessions, {report.calls} requests")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["import"]:
+        return import_main(argv[1:])
     args = _parser().parse_args(argv)
     graphs, label = load_source(args)
     timing = NominalTiming(args.ttft_s, args.tpot_s, args.concurrency, args.speedup)
