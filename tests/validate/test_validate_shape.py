@@ -1,0 +1,54 @@
+"""The server's shape is read, not assumed: KV cache shape from /metrics, scheduler limits and
+the vLLM version from the server log; changes and unknown log formats are named."""
+
+from __future__ import annotations
+
+import pytest
+
+from rackSim.validate.ingest import read_iteration_log, server_args_from_log
+from rackSim.validate.scrape import cache_shape, parse_metrics, shape_change
+
+METRICS = """\
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="128",enable_prefix_caching="True",engine="0",\
+num_gpu_blocks="8192",kv_cache_size_tokens="1048576"} 1.0
+# TYPE process_start_time_seconds gauge
+process_start_time_seconds 1.7961e+09
+"""
+
+LOG = """\
+(APIServer pid=1) INFO 12-01 09:25:29 [api_utils.py:286] non-default args: {'model': '/m', \
+'max_model_len': 4096, 'served_model_name': ['tiny'], 'max_num_batched_tokens': 2048, \
+'max_num_seqs': 64}
+(EngineCore pid=2) INFO 12-01 09:25:57 [core.py:133] Initializing a V1 LLM engine (v0.32.0) \
+with config: model='/m'
+(EngineCore pid=2) INFO 12-01 09:27:00 [loggers.py:1] Engine 000: Iteration(5): 1 context \
+requests, 100 context tokens, 0 generation requests, 0 generation tokens, iteration elapsed \
+time: 12.50 ms, CPU KV cache usage: 0.1%
+"""
+
+
+def test_cache_shape_from_metrics():
+    shape = cache_shape(parse_metrics(METRICS))
+    assert shape == {"block_tokens": 128, "kv_capacity_tokens": 128 * 8192,
+                     "prefix_caching": True, "process_start_s": 1.7961e9}
+    restarted = dict(shape, process_start_s=1.7962e9)
+    assert shape_change(shape, shape) is None
+    assert "process_start_s" in shape_change(shape, restarted)
+
+
+def test_scheduler_limits_and_version_from_the_log(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(LOG)
+    assert server_args_from_log(log) == {"max_num_seqs": 64, "max_num_batched_tokens": 2048,
+                                         "max_model_len": 4096, "vllm_version": "0.32.0"}
+    assert server_args_from_log(log, end_byte=10) == {}  # before the server started
+    assert len(read_iteration_log(log)) == 1
+
+
+def test_an_iteration_log_of_another_format_is_named(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(LOG.replace("Iteration(5): 1 context requests", "Iteration(5): prefill=1")
+                   .replace("v0.32.0", "v0.40.1"))
+    with pytest.raises(ValueError, match=r"vLLM 0\.40\.1.*follows vLLM 0\.32\.0.*--source"):
+        read_iteration_log(log)
