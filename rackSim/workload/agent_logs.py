@@ -191,14 +191,14 @@ def build_graph(session: LoggedSession, session_id: str, report: ImportReport
                 "incomplete")))
     _check_acyclic(calls, by_key, session.link_field)
     parent = _attach_unlinked(calls)
-    agent = _assign_agents(calls, parent)
-    after = _joins(calls, parent, agent)
     for c in calls:
         p = parent[c.key]
         if p is not None and c.send_s < by_key[p].end_s:
             raise SessionRejected(LogIssue(c.file, c.line, "timestamp", (
                 f"timestamps go backwards: sent {by_key[p].end_s - c.send_s:.3f} s before the "
                 f"call it continues ({by_key[p].file}:{by_key[p].line}) ended")))
+    agent = _assign_agents(calls, parent)
+    after = _joins(calls, parent, agent)
     order = _topological(calls, after)
     rid = {k: i for i, k in enumerate(order)}
     reqs = []
