@@ -592,6 +592,14 @@ class RunConfig(StrictModel):
             raise ValueError(
                 f"deployment.{where}decode.gpus={dec.gpus}: draft model's "
                 f"{m.draft.num_routed_experts} experts cannot be spread over it")
+        if m.attention is not None:
+            for field, width, n in widths:
+                par = p.parallelism if "prefill" in field else dec.parallelism
+                if n and par == "TP" and m.attention.heads % width:
+                    raise ValueError(
+                        f"deployment.{field}={width}: tensor parallelism splits the model's "
+                        f"{m.attention.heads} attention heads; pick a width that divides "
+                        f"{m.attention.heads}")
         for role, gpus, n in (("prefill", p.gpus_per_instance, p.instances),
                               ("decode", dec.gpus, dec.instances)):
             kv = kv_bytes_per_gpu(self, gpus)

@@ -1,4 +1,6 @@
-"""Attention and indexer cost of DeepSeek-V4-style hybrid compressed attention.
+"""Attention and indexer cost of DeepSeek-V4-style hybrid compressed attention, and of standard
+(GQA, MLA) attention as its special case: no CSA / HCA layers, every layer a "window" layer
+whose window is the whole context, no indexer.
 
 Layers come in three kinds (counts from the model's `compress_ratios`):
 
@@ -44,6 +46,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from rackSim.config.specs import RunConfig
+from rackSim.perf.dense import BF16_BYTES
+from rackSim.perf.profile import Profile
+
+MS = 1e3
+
 
 @dataclass(frozen=True, slots=True)
 class AttentionCost:
@@ -75,6 +83,9 @@ class AttentionCost:
     csa_compress: int
     hca_layers: int
     hca_compress: int
+    #: FLOPs per attended entry in prefill (0: `entry_flops`); MLA prefill attends per-head
+    #: keys and values, decode the absorbed latent
+    prefill_entry_flops: float = 0.0
 
     #: window-only layers
     swa_layers: int = field(init=False)
@@ -86,6 +97,8 @@ class AttentionCost:
         per_token = self.csa_layers / self.csa_compress + self.hca_layers / self.hca_compress + swa
         object.__setattr__(self, "swa_layers", swa)
         object.__setattr__(self, "entry_bytes", self.kv_bytes_per_token / per_token)
+        if not self.prefill_entry_flops:
+            object.__setattr__(self, "prefill_entry_flops", self.entry_flops)
 
     def entries(self, context: float) -> float:
         """Entries one query attends over all layers at `context` tokens."""
@@ -119,7 +132,7 @@ class AttentionCost:
         chunks = math.ceil(max(requests, 1.0) / self.prefill_chunk_requests)
         return (self.layers * (self.prefill_kernel_ms + chunks * self.prefill_chunk_ms
                                + new_tokens * self.prefill_query_bytes / self.prefill_bytes_ms)
-                + new_tokens * self.entries(mean_context) * self.entry_flops
+                + new_tokens * self.entries(mean_context) * self.prefill_entry_flops
                 / self.prefill_flops_ms)
 
     def prefill_indexer_pairs(self, new_tokens: float, mean_context: float) -> float:
@@ -134,3 +147,62 @@ class AttentionCost:
         return (self.csa_layers * (self.indexer_kernel_ms_prefill
                                    + new_tokens * self.indexer_row_ms_prefill)
                 + pairs * self.indexer_pair_flops / self.indexer_flops_ms_prefill)
+
+
+def attention_cost(cfg: RunConfig, p: Profile) -> AttentionCost:
+    """Attention priced with the profile's speeds. Compressed (V4) attention takes its shapes
+    from the profile; a model with an `attention` section (GQA, MLA) is the special case with
+    no CSA / HCA layers, the whole context as its window and no indexer. Decode FLOPs per
+    attended entry: QK and PV over every query head (MLA: against the absorbed latent,
+    kv_lora_rank + rope wide); prefill: per-head keys and values (MLA runs un-absorbed)."""
+    m, hw = cfg.model, cfg.hardware
+    hbm_ms = hw.hbm_bw_bytes_s / MS
+    attn_dtype = "bf16" if "bf16" in hw.flops else cfg.perf.weight_dtype
+    a = m.attention
+    if a is not None:
+        decode_flops = (2.0 * a.heads * (2 * a.kv_lora_rank + a.rope_head_dim)
+                        if a.kind == "mla" else 2.0 * a.heads * (a.head_dim + a.v_head_dim))
+        return AttentionCost(
+            kernel_ms=p.value("attn_kernel_us") / MS,
+            flops_ms=hw.flops[attn_dtype] / MS * p.value("attn_flops_efficiency"),
+            bytes_ms=hbm_ms * p.value("attn_hbm_efficiency"),
+            indexer_kernel_ms=0.0, indexer_bytes_ms=1.0,
+            prefill_kernel_ms=p.value("prefill_attn_kernel_us") / MS,
+            prefill_chunk_ms=p.value("prefill_attn_chunk_us") / MS,
+            prefill_chunk_requests=int(p.value("prefill_chunk_requests")),
+            prefill_query_bytes=a.heads * (a.head_dim + a.v_head_dim) * BF16_BYTES,
+            prefill_bytes_ms=hbm_ms * p.value("prefill_attn_hbm_efficiency"),
+            prefill_flops_ms=hw.flops[attn_dtype] / MS * p.value("prefill_attn_flops_efficiency"),
+            indexer_kernel_ms_prefill=0.0, indexer_row_ms_prefill=0.0,
+            indexer_flops_ms_prefill=1.0, entry_flops=decode_flops,
+            kv_bytes_per_token=m.kv_bytes_per_token, indexer_bytes_per_token=0.0,
+            indexer_pair_flops=0.0, window=m.sliding_window, topk_entries=0.0,
+            layers=m.num_layers, csa_layers=0, csa_compress=1, hca_layers=0, hca_compress=1,
+            prefill_entry_flops=2.0 * a.heads * (a.head_dim + a.v_head_dim))
+    idx_dtype = "fp8" if "fp8" in hw.flops else cfg.perf.weight_dtype
+    csa_compress = int(p.value("csa_compress"))
+    heads, head_dim = p.value("attention_heads"), p.value("attention_head_dim")
+    return AttentionCost(
+        kernel_ms=p.value("indexer_kernel_us") / MS,
+        flops_ms=hw.flops[attn_dtype] / MS * p.value("attn_flops_efficiency"),
+        bytes_ms=hbm_ms * p.value("moe_hbm_efficiency"),
+        indexer_kernel_ms=p.value("indexer_kernel_us") / MS,
+        indexer_bytes_ms=hbm_ms * p.value("indexer_hbm_efficiency"),
+        prefill_kernel_ms=p.value("prefill_attn_kernel_us") / MS,
+        prefill_chunk_ms=p.value("prefill_attn_chunk_us") / MS,
+        prefill_chunk_requests=int(p.value("prefill_chunk_requests")),
+        prefill_query_bytes=2.0 * heads * head_dim * BF16_BYTES,
+        prefill_bytes_ms=hbm_ms * p.value("prefill_attn_hbm_efficiency"),
+        prefill_flops_ms=hw.flops[attn_dtype] / MS * p.value("prefill_attn_flops_efficiency"),
+        indexer_kernel_ms_prefill=p.value("prefill_indexer_kernel_us") / MS,
+        indexer_row_ms_prefill=p.value("prefill_indexer_row_ns") * 1e-6,
+        indexer_flops_ms_prefill=(hw.flops[idx_dtype] / MS
+                                  * p.value("prefill_indexer_flops_efficiency")),
+        entry_flops=4.0 * heads * head_dim,
+        kv_bytes_per_token=m.kv_bytes_per_token,
+        indexer_bytes_per_token=m.indexer_bytes_per_token,
+        indexer_pair_flops=2.0 * p.value("indexer_heads") * p.value("indexer_head_dim"),
+        window=m.sliding_window, topk_entries=m.attention_topk_tokens / csa_compress,
+        layers=m.num_layers, csa_layers=int(p.value("csa_layers")),
+        csa_compress=csa_compress, hca_layers=int(p.value("hca_layers")),
+        hca_compress=int(p.value("hca_compress")))

@@ -18,18 +18,18 @@ from dataclasses import replace
 from pathlib import Path
 
 from rackSim.config.specs import RunConfig
-from rackSim.perf.attention import AttentionCost
+from rackSim.perf.attention import attention_cost
 from rackSim.perf.comm import allreduce_ms, alltoall_layer_ms
 from rackSim.perf.cpu import StragglerModel, admission_ms, exposed_cpu_ms, exposed_lag_ms
 from rackSim.perf.dense import (
     ACTIVATION_BYTES,
-    BF16_BYTES,
     WEIGHT_BYTES,
     DenseCost,
     DenseGeometry,
     GemmKernel,
     dense_gemms,
     mhc_bytes_per_token,
+    model_gemms,
 )
 from rackSim.perf.eplb import EplbConfig, EplbState
 from rackSim.perf.moe import MoeKernel, MoeShape, experts_hit_random, moe_rank_ms
@@ -78,14 +78,18 @@ def gemm_kernel(p: Profile, dtype: str, hbm_bytes_s: float, flops_s: float) -> G
 
 
 def dense_cost(cfg: RunConfig, p: Profile) -> DenseCost:
-    """Dense GEMMs and mHC priced with the profile's speeds."""
-    hw = cfg.hardware
+    """Dense GEMMs and mHC priced with the profile's speeds (a generated model: its
+    `model_gemms`, no mHC)."""
+    hw, m = cfg.hardware, cfg.model
+    kernels = {d: gemm_kernel(p, d, hw.hbm_bw_bytes_s, hw.flops[d]) for d in ("fp8", "bf16")}
+    if m.attention is not None:  # standard attention: its GEMMs, no hyper-connections
+        return DenseCost(gemms=model_gemms(m), kernels=kernels, layers=m.num_layers,
+                         mhc_kernel_ms=0.0, mhc_bytes_per_token=0.0, mhc_bytes_ms=1.0)
     g = dense_geometry(cfg, p)
     hbm_ms = hw.hbm_bw_bytes_s / MS
     return DenseCost(
-        gemms=dense_gemms(g),
-        kernels={d: gemm_kernel(p, d, hw.hbm_bw_bytes_s, hw.flops[d]) for d in ("fp8", "bf16")},
-        layers=g.layers, mhc_kernel_ms=p.value("mhc_kernel_us") / MS,
+        gemms=dense_gemms(g), kernels=kernels, layers=g.layers,
+        mhc_kernel_ms=p.value("mhc_kernel_us") / MS,
         mhc_bytes_per_token=mhc_bytes_per_token(g),
         mhc_bytes_ms=hbm_ms * p.value("mhc_hbm_efficiency"))
 
@@ -116,6 +120,9 @@ class CalibratedStepModel:
         par = d.decode.parallelism if role == "decode" else d.prefill.parallelism
         #: tensor-parallel width (1 for DEP: experts spread, attention data-parallel)
         self.tp = self.ranks if par == "TP" else 1
+        att = m.attention
+        #: TP ranks the KV cache is split over (GQA: KV heads; MLA / V4: one shared latent)
+        self._kv_shards = min(self.tp, att.kv_heads) if att and att.kind == "gqa" else 1
         hbm_ms = hw.hbm_bw_bytes_s / MS
         self._hbm_ms = hbm_ms * p.value("moe_hbm_efficiency")  # dense weights, copies
         # The MoE kernel: 'vllm' speeds are fitted to the vLLM kernel tables, 'megamoe' (the
@@ -138,34 +145,7 @@ class CalibratedStepModel:
                                         dp, dp * wb, m.hidden_size, m.draft.num_layers)
             routed = dp * m.draft.num_routed_experts * m.draft.num_layers
             self._draft_dense_bytes = max(m.draft.params - routed, 0.0) * wb
-        attn_dtype = "bf16" if "bf16" in hw.flops else cfg.perf.weight_dtype
-        idx_dtype = "fp8" if "fp8" in hw.flops else cfg.perf.weight_dtype
-        csa_compress = int(p.value("csa_compress"))
-        heads, head_dim = p.value("attention_heads"), p.value("attention_head_dim")
-        self.attn = AttentionCost(
-            kernel_ms=p.value("indexer_kernel_us") / MS,
-            flops_ms=hw.flops[attn_dtype] / MS * p.value("attn_flops_efficiency"),
-            bytes_ms=self._hbm_ms,
-            indexer_kernel_ms=p.value("indexer_kernel_us") / MS,
-            indexer_bytes_ms=hbm_ms * p.value("indexer_hbm_efficiency"),
-            prefill_kernel_ms=p.value("prefill_attn_kernel_us") / MS,
-            prefill_chunk_ms=p.value("prefill_attn_chunk_us") / MS,
-            prefill_chunk_requests=int(p.value("prefill_chunk_requests")),
-            prefill_query_bytes=2.0 * heads * head_dim * BF16_BYTES,
-            prefill_bytes_ms=hbm_ms * p.value("prefill_attn_hbm_efficiency"),
-            prefill_flops_ms=hw.flops[attn_dtype] / MS * p.value("prefill_attn_flops_efficiency"),
-            indexer_kernel_ms_prefill=p.value("prefill_indexer_kernel_us") / MS,
-            indexer_row_ms_prefill=p.value("prefill_indexer_row_ns") * 1e-6,
-            indexer_flops_ms_prefill=(hw.flops[idx_dtype] / MS
-                                      * p.value("prefill_indexer_flops_efficiency")),
-            entry_flops=4.0 * heads * head_dim,
-            kv_bytes_per_token=m.kv_bytes_per_token,
-            indexer_bytes_per_token=m.indexer_bytes_per_token,
-            indexer_pair_flops=2.0 * p.value("indexer_heads") * p.value("indexer_head_dim"),
-            window=m.sliding_window, topk_entries=m.attention_topk_tokens / csa_compress,
-            layers=m.num_layers, csa_layers=int(p.value("csa_layers")),
-            csa_compress=csa_compress, hca_layers=int(p.value("hca_layers")),
-            hca_compress=int(p.value("hca_compress")))
+        self.attn = attention_cost(cfg, p)
         self.dense = dense_cost(cfg, p)
         self._dense_kernel_ms = p.value("dense_kernel_us") / MS
         self._dense_fixed_ms = m.num_layers * self._dense_kernel_ms  # other per-layer kernels
@@ -211,7 +191,7 @@ class CalibratedStepModel:
         self._fixed_b = balancedness
         self.eplb_target: EplbState | None = None
         self.eplb_draft: EplbState | None = None
-        if balancedness is None:
+        if balancedness is None and self.target.experts:
             self.eplb_target = self._eplb_state(self.target, "target", seed * 2 + 1)
             if self.draft_shape is not None and role == "decode":
                 self.eplb_draft = self._eplb_state(self.draft_shape, "draft", seed * 2 + 2)
@@ -331,6 +311,8 @@ class CalibratedStepModel:
         """MoE with every expert sharded over the TP group: each GPU reads 1/tp of every hit
         expert and does 1/tp of the FLOPs; no imbalance, no all-to-all (ms)."""
         t = self.tp
+        if shape.experts == 0:
+            return 0.0
         assignments = tokens * shape.top_k
         hit = experts_hit_random(shape.experts, shape.experts, assignments)
         return shape.layers * self.kernel.layer_ms(tokens, assignments / t, hit / t,
@@ -345,9 +327,11 @@ class CalibratedStepModel:
         tokens = reqs * q
         moe = self._moe_tp_ms(self.target, tokens)
         e = a.entries(ctx / reqs)
-        # Heads are split, the single shared KV head (and the index keys) are read by all.
+        # Heads are split; a single shared KV head or latent (and the index keys) is read by
+        # all, GQA KV heads are split with the query heads.
         attention = (a.layers * a.kernel_ms + reqs * e * (q * a.entry_flops / a.flops_ms / t
-                                                         + a.entry_bytes / a.bytes_ms))
+                                                         + a.entry_bytes / a.bytes_ms
+                                                         / self._kv_shards))
         indexer = a.decode_indexer_ms(reqs, ctx)
         dense = self._dense_fixed_ms + self._dense_ms(tokens, reqs, t, True)
         comm = self._tp_allreduce_ms(tokens, m.num_layers)

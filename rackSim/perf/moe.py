@@ -91,7 +91,7 @@ def moe_rank_ms(kernel: MoeKernel, shape: MoeShape, tokens_total: float, ranks: 
     dispatch: 'alltoall' (a rank routes only the token copies it receives) or 'allgather'
         (every rank routes every token of the instance).
     """
-    if tokens_total <= 0:
+    if tokens_total <= 0 or shape.experts == 0:
         return 0.0
     b = min(max(balancedness, 1e-3), 1.0)
     slots = shape.experts + redundant_experts

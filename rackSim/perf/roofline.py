@@ -50,7 +50,7 @@ def moe_ms(cfg: RunConfig, roof: Roofline, tokens: float, ranks: int, top_k: int
     Weight traffic: every expert a rank hosts that receives at least one token is read once.
     Compute: 2 FLOPs per weight per token routed to the rank's experts.
     """
-    if tokens <= 0:
+    if tokens <= 0 or experts == 0:
         return 0.0
     local = experts / ranks
     assignments = tokens * top_k
