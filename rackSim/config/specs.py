@@ -294,9 +294,6 @@ class RackGroupSpec(StrictModel):
         return p.instances * p.gpus_per_instance + d.instances * d.gpus
 
 
-FLEET_POLICIES = ("round_robin", "least_work", "session_affinity", "prefix_affinity")
-
-
 class FleetRouterSpec(StrictModel):
     """The global router: which rack prefills a request, and where its decode runs.
 
