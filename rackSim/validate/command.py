@@ -71,7 +71,17 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", formatter_class=HELP,
                        help="replay a workload against vLLM endpoints and record it")
-    r.add_argument("--endpoint", action="append", required=True, help="server base URL")
+    r.add_argument("--endpoint", action="append", default=None,
+                   help="server base URL (repeat for several; not with --fresh-server)")
+    r.add_argument("--fresh-server", action="store_true",
+                   help="start a new local server for this run (its --model and shape "
+                        "options as for serve) and stop it afterwards: no drift from earlier "
+                        "runs")
+    r.add_argument("--model-config", default="tiny-moe",
+                   help="with --fresh-server: a preset (tiny-moe, tiny-dense) or a "
+                        "config.json directory")
+    r.add_argument("--no-probe", action="store_true",
+                   help="skip the fixed drift probe before and after the run")
     r.add_argument("--out", type=Path, required=True, help="run directory")
     r.add_argument("--workload", type=Path, default=None,
                    help="WorkloadSpec YAML (default: the built-in CPU tiny workload)")
@@ -104,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true",
                    help="continue the run in --out: re-send only requests without a "
                         "successful record")
+    _server_shape_args(r)
 
     i = sub.add_parser("ingest", formatter_class=HELP,
                        help="records and step rows from server artefacts")
@@ -182,6 +193,26 @@ def _load_run_workload(run: Path) -> tuple[WorkloadSpec, int]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if args.fresh_server == bool(args.endpoint):
+        raise BadInput("run: give --endpoint URL (a running server) or --fresh-server "
+                       "(a new local one), not both")
+    if not args.fresh_server:
+        return _run(args)
+    from rackSim.validate.server import ServerSettings, start_server
+
+    settings = ServerSettings(model=args.model_config, kv_cache_gib=args.kv_cache_gib,
+                              max_num_batched_tokens=args.max_num_batched_tokens,
+                              max_num_seqs=args.max_num_seqs)
+    print("racksim-validate: starting a fresh local server (30-120 s)")
+    server = start_server((args.out / "server").resolve(), settings)
+    try:
+        args.endpoint, args.server_log = [server.url], server.log_path
+        return _run(args)
+    finally:
+        server.stop()
+
+
+def _run(args: argparse.Namespace) -> int:
     from rackSim.validate.driver import DriverSettings, run_driver
     from rackSim.workload.sources import load_sessions
 
@@ -206,28 +237,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
                               model=args.model, policy=policy,
                               scrape_interval_s=args.scrape_interval_s,
                               max_requests=args.max_requests, max_duration_s=args.max_duration_s,
-                              resume=args.resume)
+                              resume=args.resume, probe=not args.no_probe,
+                              server_log=args.server_log)
+    if args.server_log is not None and not args.server_log.is_file():
+        raise BadInput(f"--server-log: no such file {args.server_log}")
     from rackSim.validate.driver import ReplayDriver
 
     ReplayDriver(sessions, settings, args.out)  # validates before anything is written
     wfile.write_text(json.dumps(doc, indent=1))
-    if args.server_log is not None and not args.server_log.is_file():
-        raise BadInput(f"--server-log: no such file {args.server_log}")
-    log_start = args.server_log.stat().st_size if args.server_log else None
     out = run_driver(sessions, settings, args.out)
-    if args.server_log is not None:
-        time.sleep(1.0)  # the server logs a step's line just after the step
-        meta_path = args.out / "run.json"
-        meta = json.loads(meta_path.read_text())
-        meta.setdefault("server_log", []).append(
-            {"path": str(args.server_log.resolve()), "start_byte": log_start,
-             "end_byte": args.server_log.stat().st_size})
-        from rackSim.validate.ingest import server_args_from_log
-
-        meta["scheduler"] = server_args_from_log(args.server_log, log_start)
-        meta_path.write_text(json.dumps(meta, indent=1))
     print(f"racksim-validate: {out.sent} sent, {out.failed} failed, {out.skipped} skipped "
           f"(already done); stopped: {out.stop_reason}; records: {out.records_path}")
+    for url, d in (out.meta.get("probe") or {}).items():
+        change = ", ".join(f"{k} {v:+.0%}" for k, v in d["change"].items()) or "n/a"
+        verdict = "DRIFTING: rerun on a fresh server (--fresh-server)" if d["drifting"] \
+            else "steady"
+        print(f"racksim-validate: probe {url}: {change} after the run: {verdict}")
     if out.stop_reason == "server_changed":
         print(f"racksim-validate run: {out.meta.get('server_changed')}; the run is not one "
               "server's: run again", file=sys.stderr)

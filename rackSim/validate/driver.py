@@ -25,6 +25,16 @@ Server shape: the preflight reads each server's KV cache shape from `/metrics`
 and run.json keeps it per endpoint. Every scrape checks it again: a server that restarts or
 changes shape mid-run stops the run (stop_reason `server_changed`, run.json says what changed),
 since nothing fitted from it would describe one server.
+
+Drift: repeated runs on one server can slow down (measured here: TTFT P50 52 -> 90 ms over six
+runs at the same load; a fresh server restores the first numbers). Before the primer and after
+the drain the driver sends a fixed probe to each endpoint, one request at a time
+(`PROBE_REQUESTS` requests of `PROBE_PROMPT` fresh random tokens, so never a cache hit, and
+`PROBE_OUTPUT` output tokens), and keeps the median TTFT and time per output token of each;
+the probe runs twice before, the first round discarded (a fresh server's first requests are
+slow while it compiles: measured here, TTFT -46% between a cold and a warm probe).
+run.json's `probe` holds both and their change; a change beyond `DRIFT_LIMIT` marks the run as
+drifting, which `run` reports in its summary.
 """
 
 from __future__ import annotations
@@ -58,6 +68,8 @@ from rackSim.workload.replay import PRIMER, ClosedLoopReplay, SessionCursor
 from rackSim.workload.tokens import FIRST_TOKEN_ID, prompt_token_ids
 
 RECORDS, SCRAPES, RUN_META = "records.jsonl", "scrapes.jsonl", "run.json"
+PROBE_REQUESTS, PROBE_PROMPT, PROBE_OUTPUT = 5, 512, 32
+DRIFT_LIMIT = 0.25  # relative change of a probe median that marks a server as drifting
 
 
 @dataclass
@@ -68,7 +80,9 @@ class DriverSettings:
     vocab_size: token ids are drawn from [4, vocab_size). token_salt: rotates every token id
     (a bijection on the vocabulary, so prefix sharing is unchanged) so that a run does not hit
     prefixes a previous run left in the server's cache; None = a fresh random salt (a resumed
-    run reuses the salt in run.json)."""
+    run reuses the salt in run.json). probe: the drift probe before and after (module
+    docstring). server_log: a local server's log; run.json then keeps this segment's byte
+    range of it (probes excluded) and the scheduler limits its start-up lines state."""
 
     endpoints: list[str]
     replay: ReplaySpec
@@ -81,6 +95,8 @@ class DriverSettings:
     vocab_size: int = 32_000
     resume: bool = False
     token_salt: int | None = None
+    probe: bool = True
+    server_log: Path | None = None
 
 
 @dataclass
@@ -127,6 +143,8 @@ class ReplayDriver:
         self._sleeping: set[asyncio.Task] = set()
         self._infos: list[ServerInfo] = []
         self.server_changed: str | None = None  # what changed on a server mid-run
+        self.probes: dict[str, dict] = {}  # endpoint -> {"before"|"after": probe medians}
+        self._log_range: tuple[int, int] | None = None  # this segment's bytes of server_log
 
     # -- clock and bookkeeping -------------------------------------------------------------
     def now(self) -> float:
@@ -218,6 +236,49 @@ class ReplayDriver:
                 rec.error = (f"truncated: stream closed before [DONE] after "
                              f"{rec.output_tokens} tokens")
 
+    async def _probe(self, client: httpx.AsyncClient, info: ServerInfo, label: str) -> dict:
+        """The fixed probe (module docstring): median TTFT and time per output token (ms)."""
+        rng = np.random.default_rng([self.salt, len(label), self.s.seed])
+        ttft, tpot = [], []
+        for _ in range(PROBE_REQUESTS):
+            ids = rng.integers(0, self.s.vocab_size, PROBE_PROMPT)
+            rec = RequestRecord(session_id=-1, rid=0, lane=-1, session_key=-1, agent="probe",
+                                send_s=self.now(), prompt_tokens=PROBE_PROMPT, phase="probe")
+            body = {"model": info.model, "prompt": ids.tolist(), "max_tokens": PROBE_OUTPUT,
+                    "stream": True, "ignore_eos": True, "return_token_ids": True}
+            await self._stream(client, info.url, body, rec)
+            if rec.error is None and rec.output_tokens > 1:
+                ttft.append((rec.first_token_s - rec.send_s) * 1e3)
+                tpot.append((rec.token_times_s[-1] - rec.first_token_s) * 1e3
+                            / (rec.output_tokens - 1))
+        return {"ttft_ms": float(np.median(ttft)) if ttft else math.nan,
+                "tpot_ms": float(np.median(tpot)) if tpot else math.nan, "ok": len(ttft)}
+
+    async def _probe_all(self, client: httpx.AsyncClient, label: str) -> None:
+        for info in self._infos:
+            try:
+                self.probes.setdefault(info.url, {})[label] = \
+                    await self._probe(client, info, label)
+            except (httpx.HTTPError, ValueError) as err:
+                self.probes.setdefault(info.url, {})[label] = {"error": classify(err)}
+
+    def _log_size(self) -> int:
+        return self.s.server_log.stat().st_size if self.s.server_log is not None else 0
+
+    def drift(self) -> dict:
+        """Per endpoint: the probe before and after, each median's relative change, and
+        whether any change exceeds DRIFT_LIMIT."""
+        out = {}
+        for url, pr in self.probes.items():
+            before, after = pr.get("before", {}), pr.get("after", {})
+            change = {k: (after[k] - before[k]) / before[k]
+                      for k in ("ttft_ms", "tpot_ms")
+                      if before.get(k) and after.get(k) is not None
+                      and not math.isnan(before[k]) and not math.isnan(after[k])}
+            out[url] = {"before": before, "after": after, "change": change,
+                        "drifting": any(abs(v) > DRIFT_LIMIT for v in change.values())}
+        return out
+
     # -- the closed loop -------------------------------------------------------------------
     def _spawn(self, coro, sleeping: bool = False) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -299,6 +360,10 @@ class ReplayDriver:
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
             self._infos = [await preflight(client, u, self.s.model) for u in self.s.endpoints]
             self._check_lengths()
+            if self.s.probe:
+                await self._probe_all(client, "warm-up")  # a fresh server's first requests
+                await self._probe_all(client, "before")   # are slow: not the baseline
+            log_start = self._log_size()
             self.writer = RecordWriter(self.records_path)
             log = ScrapeLog(self.out_dir / SCRAPES)
             self._t0 = time.monotonic()
@@ -322,6 +387,11 @@ class ReplayDriver:
                 scraper.cancel()
                 await asyncio.gather(scraper, return_exceptions=True)
                 await self._scrape_all(client, log, "after")
+                if self.s.server_log is not None:
+                    await asyncio.sleep(1.0)  # the server logs a step's line after the step
+                    self._log_range = (log_start, self._log_size())
+                if self.s.probe and self.stop_reason != "interrupted":
+                    await self._probe_all(client, "after")
                 log.close()
                 self.writer.close()
                 meta = self._write_meta(seg_start)
@@ -375,7 +445,14 @@ class ReplayDriver:
                      "endpoints": [asdict(i) for i in self._infos],
                      "replay": self.s.replay.model_dump(), "num_sessions": len(self.sessions),
                      "window_start_s": ws, "window_end_s": we,
-                     "server_changed": self.server_changed})
+                     "server_changed": self.server_changed, "probe": self.drift()})
+        if self._log_range is not None:
+            from rackSim.validate.ingest import server_args_from_log
+
+            path, (a, b) = self.s.server_log, self._log_range
+            meta.setdefault("server_log", []).append(
+                {"path": str(path.resolve()), "start_byte": a, "end_byte": b})
+            meta["scheduler"] = server_args_from_log(path, a)
         meta["segments"].append({"start_s": seg_start, "end_s": self.now(), "sent": self.sent,
                                  "failed": self.failed, "skipped": self.skipped,
                                  "stop_reason": self.stop_reason or "window",

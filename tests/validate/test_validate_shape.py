@@ -52,3 +52,36 @@ def test_an_iteration_log_of_another_format_is_named(tmp_path):
                    .replace("v0.32.0", "v0.40.1"))
     with pytest.raises(ValueError, match=r"vLLM 0\.40\.1.*follows vLLM 0\.32\.0.*--source"):
         read_iteration_log(log)
+
+
+def _driver(tmp_path):
+    from rackSim.validate.driver import DriverSettings, ReplayDriver
+    from rackSim.validate.workloads import cpu_tiny_workload
+    from rackSim.workload.sources import load_sessions
+
+    wl = cpu_tiny_workload(2)
+    return ReplayDriver(load_sessions(wl, 0), DriverSettings(endpoints=["http://x"],
+                                                            replay=wl.replay), tmp_path)
+
+
+def test_drift_is_the_probe_medians_change_beyond_the_limit(tmp_path):
+    from rackSim.validate.driver import DRIFT_LIMIT
+
+    d = _driver(tmp_path)
+    d.probes = {"http://x": {"before": {"ttft_ms": 50.0, "tpot_ms": 4.0, "ok": 5},
+                             "after": {"ttft_ms": 90.0, "tpot_ms": 4.2, "ok": 5}},
+                "http://y": {"before": {"ttft_ms": 50.0, "tpot_ms": 4.0, "ok": 5},
+                             "after": {"error": "connect: refused"}}}
+    out = d.drift()
+    assert out["http://x"]["change"] == pytest.approx({"ttft_ms": 0.8, "tpot_ms": 0.05})
+    assert out["http://x"]["drifting"] and 0.8 > DRIFT_LIMIT > 0.05
+    assert out["http://y"]["change"] == {} and not out["http://y"]["drifting"]
+
+
+def test_run_needs_exactly_one_server_source(tmp_path, capsys):
+    from rackSim.validate.command import EXIT_BAD_INPUT, main
+
+    assert main(["run", "--out", str(tmp_path / "r")]) == EXIT_BAD_INPUT
+    assert main(["run", "--out", str(tmp_path / "r"), "--endpoint", "http://x",
+                 "--fresh-server"]) == EXIT_BAD_INPUT
+    assert "--endpoint URL (a running server) or --fresh-server" in capsys.readouterr().err

@@ -6,7 +6,6 @@ on their own.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,9 +38,9 @@ def measure(server: VllmServer, concurrency: int, out: Path, window_s: float = W
     """Replay the CPU workload at `concurrency` against `server` into `out`."""
     wl = cpu_tiny_workload(concurrency, window_s=window_s)
     sessions = load_sessions(wl, seed)
-    start = server.log_path.stat().st_size
     outcome = run_driver(sessions, DriverSettings(endpoints=[server.url], replay=wl.replay,
-                                                  seed=seed, **settings), out)
-    time.sleep(1.0)  # the server logs a step's line just after the step
-    return MeasuredRun(concurrency, outcome, sessions, server.log_path, start,
-                       server.log_path.stat().st_size, seed)
+                                                  seed=seed, server_log=server.log_path,
+                                                  **settings), out)
+    log = outcome.meta["server_log"][-1]  # this run's bytes, the drift probes excluded
+    return MeasuredRun(concurrency, outcome, sessions, server.log_path, log["start_byte"],
+                       log["end_byte"], seed)
