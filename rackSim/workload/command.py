@@ -92,10 +92,23 @@ def print_table(stats: WorkloadStats) -> None:
             ("tokens: prompt / new / prefix / output",
              f"{s['prompt_tokens']:,} / {s['new_tokens']:,} / {s['prefix_tokens']:,} / "
              f"{s['output_tokens']:,}"),
-            ("prefix reuse, infinite cache", f"{s['reuse_inf']:.1%}")]
+            ("prefix reuse, infinite cache", f"{s['reuse_inf']:.1%}"),
+            ("token mix at infinite cache: cached / uncached / output",
+             f"{s['mix_cached_inf']:.2%} / {s['mix_uncached_inf']:.2%} / {s['mix_output']:.2%}"),
+            ("main-agent turns per session (mean / p50)",
+             f"{s['turns_per_session_mean']:.1f} / {s['turns_per_session_p50']:.0f}"),
+            ("first / peak prompt per session (p50)",
+             f"{s['first_prompt_tokens_p50']:,.0f} / {s['peak_prompt_tokens_p50']:,.0f}"),
+            ("context growth per turn (mean / p50)",
+             f"{s['context_growth_tokens_per_turn_mean']:,.0f} / "
+             f"{s['context_growth_tokens_per_turn_p50']:,.0f}"),
+            ("delay before a request, s (mean / p50 / p90)",
+             f"{s['delay_s_mean']:.2f} / {s['delay_s_p50']:.2f} / {s['delay_s_p90']:.2f}")]
     rows += [(f"prefix reuse, LRU {k.removeprefix('reuse_lru_')} tokens", f"{v:.1%}")
              for k, v in s.items() if k.startswith("reuse_lru_")]
     rows += [("sessions with subagents", s["sessions_with_subagents"]),
+             ("forks per session (mean), subagents per fork (mean)",
+              f"{s['forks_per_session_mean']:.2f}, {s['subagents_per_fork_mean']:.2f}"),
              ("subagents per session (mean / max)",
               f"{s['subagents_per_session_mean']:.2f} / {s['subagents_per_session_max']}"),
              ("in-flight requests (mean / peak)",

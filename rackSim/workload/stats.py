@@ -1,4 +1,5 @@
-"""Workload statistics: requests, tokens by kind, prefix reuse, fan-out, in-flight over time.
+"""Workload statistics: requests, tokens by kind, prefix reuse, the token mix, session shape
+(turns, context growth, delays, fan-out), in-flight over time.
 
 Time is *nominal*: no server is simulated. Each request takes `ttft_s + output_tokens x tpot_s`
 (defaults: 1 s + 5 ms per token, about the published ~200 tokens/s per user; 0 and 0 give
@@ -94,6 +95,65 @@ def inflight(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"t_s": t[last], "inflight": level[last].astype(np.int64)})
 
 
+def shape(graphs: Sequence[SessionGraph]) -> dict[str, float | int]:
+    """Per-session structure: main-agent turns, context growth per turn (prompt tokens over
+    the previous turn of the same agent; compactions make it negative), peak and first
+    prompts, tool delays (s, requests that wait on another), forks and subagents per fork."""
+    turns, peaks, firsts, growth, delays, fanout = [], [], [], [], [], []
+    for g in graphs:
+        reqs = g.requests
+        turns.append(sum(1 for r in reqs if r.agent == 0))
+        peaks.append(max(r.prompt_tokens for r in reqs))
+        firsts.append(reqs[0].prompt_tokens)
+        heads: dict[int, int] = {}
+        for r in reqs:
+            if r.after:
+                delays.append(r.delay_s)
+            if r.parent is None:
+                continue
+            if reqs[r.parent].agent == r.agent:
+                growth.append(r.prompt_tokens - reqs[r.parent].prompt_tokens)
+            else:
+                heads[r.parent] = heads.get(r.parent, 0) + 1
+        fanout += heads.values()
+    med = {name: float(np.median(v)) if v else float("nan")
+           for name, v in (("growth", growth), ("delay", delays))}
+    return {
+        "turns_per_session_mean": float(np.mean(turns)),
+        "turns_per_session_p50": float(np.median(turns)),
+        "first_prompt_tokens_p50": float(np.median(firsts)),
+        "peak_prompt_tokens_p50": float(np.median(peaks)),
+        "context_growth_tokens_per_turn_mean": float(np.mean(growth)) if growth else 0.0,
+        "context_growth_tokens_per_turn_p50": med["growth"],
+        "delay_s_mean": float(np.mean(delays)) if delays else 0.0,
+        "delay_s_p50": med["delay"],
+        "delay_s_p90": float(np.quantile(delays, 0.9)) if delays else float("nan"),
+        "forks_per_session_mean": len(fanout) / len(graphs),
+        "subagents_per_fork_mean": float(np.mean(fanout)) if fanout else 0.0,
+    }
+
+
+def context_growth_curve(graphs: Sequence[SessionGraph]) -> pd.DataFrame:
+    """Main-agent prompt tokens by turn: columns turn (0 = first), sessions, prompt_p50,
+    prompt_mean."""
+    rows = [(k, r.prompt_tokens) for g in graphs
+            for k, r in enumerate(r for r in g.requests if r.agent == 0)]
+    df = pd.DataFrame(rows, columns=["turn", "prompt"])
+    return df.groupby("turn")["prompt"].agg(sessions="size", prompt_p50="median",
+                                            prompt_mean="mean").reset_index()
+
+
+def reuse_curve(graphs: Sequence[SessionGraph], capacities_tokens: Sequence[float | None],
+                timing: NominalTiming = NominalTiming()) -> pd.DataFrame:
+    """Prefix reuse (cached / prompt tokens) per LRU capacity (tokens; None = infinite)."""
+    tab = timeline(graphs, timing)
+    total = tab["prompt"].sum()
+    return pd.DataFrame({"capacity_tokens": [np.inf if c is None else c
+                                             for c in capacities_tokens],
+                         "reuse": [prefix_hits(graphs, tab, c).sum() / total
+                                   for c in capacities_tokens]})
+
+
 def describe(graphs: Sequence[SessionGraph], timing: NominalTiming = NominalTiming(),
              cache_tokens: Sequence[float] = (1 << 20,), source: str = "") -> WorkloadStats:
     """Statistics of a workload; `cache_tokens` lists finite LRU capacities (tokens)."""
@@ -122,6 +182,13 @@ def describe(graphs: Sequence[SessionGraph], timing: NominalTiming = NominalTimi
         "cached_tokens_inf": int(tab["cached_inf"].sum()),
         "reuse_inf": float(tab["cached_inf"].sum() / tab["prompt"].sum()),
     }
+    tokens = tab["prompt"].sum() + tab["output"].sum()
+    s.update({  # the token mix the pool implies when every reusable prefix is cached
+        "mix_cached_inf": float(tab["cached_inf"].sum() / tokens),
+        "mix_uncached_inf": float((tab["prompt"].sum() - tab["cached_inf"].sum()) / tokens),
+        "mix_output": float(tab["output"].sum() / tokens),
+    })
+    s.update(shape(graphs))
     for cap in cache_tokens:
         col = f"cached_{int(cap)}"
         s[f"reuse_lru_{int(cap)}"] = float(tab[col].sum() / tab["prompt"].sum())
