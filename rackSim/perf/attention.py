@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from rackSim.config.specs import RunConfig
+from rackSim.config.specs import HardwareSpec, ModelSpec
 from rackSim.perf.dense import BF16_BYTES
 from rackSim.perf.profile import Profile
 
@@ -149,15 +149,15 @@ class AttentionCost:
                 + pairs * self.indexer_pair_flops / self.indexer_flops_ms_prefill)
 
 
-def attention_cost(cfg: RunConfig, p: Profile) -> AttentionCost:
+def attention_cost(m: ModelSpec, hw: HardwareSpec, p: Profile, weight_dtype: str
+                   ) -> AttentionCost:
     """Attention priced with the profile's speeds. Compressed (V4) attention takes its shapes
     from the profile; a model with an `attention` section (GQA, MLA) is the special case with
     no CSA / HCA layers, the whole context as its window and no indexer. Decode FLOPs per
     attended entry: QK and PV over every query head (MLA: against the absorbed latent,
     kv_lora_rank + rope wide); prefill: per-head keys and values (MLA runs un-absorbed)."""
-    m, hw = cfg.model, cfg.hardware
     hbm_ms = hw.hbm_bw_bytes_s / MS
-    attn_dtype = "bf16" if "bf16" in hw.flops else cfg.perf.weight_dtype
+    attn_dtype = "bf16" if "bf16" in hw.flops else weight_dtype
     a = m.attention
     if a is not None:
         decode_flops = (2.0 * a.heads * (2 * a.kv_lora_rank + a.rope_head_dim)
@@ -179,7 +179,7 @@ def attention_cost(cfg: RunConfig, p: Profile) -> AttentionCost:
             indexer_pair_flops=0.0, window=m.sliding_window, topk_entries=0.0,
             layers=m.num_layers, csa_layers=0, csa_compress=1, hca_layers=0, hca_compress=1,
             prefill_entry_flops=2.0 * a.heads * (a.head_dim + a.v_head_dim))
-    idx_dtype = "fp8" if "fp8" in hw.flops else cfg.perf.weight_dtype
+    idx_dtype = "fp8" if "fp8" in hw.flops else weight_dtype
     csa_compress = int(p.value("csa_compress"))
     heads, head_dim = p.value("attention_heads"), p.value("attention_head_dim")
     return AttentionCost(

@@ -124,16 +124,20 @@ class CalibratedStepModel:
         #: TP ranks the KV cache is split over (GQA: KV heads; MLA / V4: one shared latent)
         self._kv_shards = min(self.tp, att.kv_heads) if att and att.kind == "gqa" else 1
         hbm_ms = hw.hbm_bw_bytes_s / MS
-        self._hbm_ms = hbm_ms * p.value("moe_hbm_efficiency")  # dense weights, copies
+        # weight streaming (draft dense weights, EPLB copies): the MoE kernel's HBM speed, or
+        # a dense model's GEMMs'
+        stream = "moe" if m.num_routed_experts else f"gemm_{m.gemm_dtype}"
+        self._hbm_ms = hbm_ms * p.value(f"{stream}_hbm_efficiency")
         # The MoE kernel: 'vllm' speeds are fitted to the vLLM kernel tables, 'megamoe' (the
-        # fused dispatch-GEMM-combine kernel of the published deployment) to D3/D4.
+        # fused dispatch-GEMM-combine kernel of the published deployment) to D3/D4; none for
+        # a dense model.
         self.moe_kernel_name = str(p.setting("moe_kernel", "vllm"))
         speeds = "megamoe" if self.moe_kernel_name == "megamoe" else "moe"
         self.kernel = MoeKernel(
             kernel_ms=p.value(f"{speeds}_kernel_us") / MS,
             hbm_bytes_ms=hbm_ms * p.value(f"{speeds}_hbm_efficiency"),
             flops_ms=hw.flops[cfg.perf.weight_dtype] / MS * p.value("moe_flops_efficiency"),
-            token_bytes=p.value("moe_token_bytes"))
+            token_bytes=p.value("moe_token_bytes")) if m.num_routed_experts else None
         wb = m.weight_bytes_per_param
         self.target = MoeShape(m.num_routed_experts, m.experts_per_token, m.expert_params,
                                m.expert_params * wb, m.hidden_size, m.num_moe_layers)
@@ -145,13 +149,18 @@ class CalibratedStepModel:
                                         dp, dp * wb, m.hidden_size, m.draft.num_layers)
             routed = dp * m.draft.num_routed_experts * m.draft.num_layers
             self._draft_dense_bytes = max(m.draft.params - routed, 0.0) * wb
-        self.attn = attention_cost(cfg, p)
+        self.attn = attention_cost(m, hw, p, cfg.perf.weight_dtype)
         self.dense = dense_cost(cfg, p)
         self._dense_kernel_ms = p.value("dense_kernel_us") / MS
         self._dense_fixed_ms = m.num_layers * self._dense_kernel_ms  # other per-layer kernels
         self._dense_by_tokens: dict[tuple[float, float, int, bool], float] = {}
         self._nvlink_ms = hw.nvlink_bw_bytes_s / MS * p.value("a2a_nvlink_efficiency")
         self._a2a_op_ms = p.value("a2a_op_us") / MS
+        # TP all-reduce: its own fitted speeds when the profile has them (kernel-table
+        # profiles), else the all-to-all's
+        ar = "tp_allreduce" if "tp_allreduce_op_us" in p.params else "a2a"
+        self._ar_op_ms = p.value(f"{ar}_op_us") / MS
+        self._ar_bytes_ms = hw.nvlink_bw_bytes_s / MS * p.value(f"{ar}_nvlink_efficiency")
         self._cpu_step_ms = p.value("cpu_step_ms")
         #: TP decode: the specialised low-latency kernels (True) or the standard path (False)
         self.low_latency_decode = bool(p.setting("low_latency_decode", True)
@@ -258,6 +267,8 @@ class CalibratedStepModel:
     # -- shared pieces -------------------------------------------------------------------------
     def _moe_comm(self, shape: MoeShape, tokens_total: float, ranks: int, b: float
                   ) -> tuple[float, float]:
+        if self.kernel is None:  # no routed experts
+            return 0.0, 0.0
         redundant = self.redundant if shape is self.target else 0
         if (shape.experts + redundant) % ranks:
             redundant = 0
@@ -305,13 +316,13 @@ class CalibratedStepModel:
         layer over the TP group (ms)."""
         t = self.tp
         nbytes = tokens * self.cfg.model.hidden_size * 2.0
-        return layers * 2.0 * (self._a2a_op_ms + 2.0 * (t - 1) / t * nbytes / self._nvlink_ms)
+        return layers * 2.0 * (self._ar_op_ms + 2.0 * (t - 1) / t * nbytes / self._ar_bytes_ms)
 
     def _moe_tp_ms(self, shape: MoeShape, tokens: float) -> float:
         """MoE with every expert sharded over the TP group: each GPU reads 1/tp of every hit
         expert and does 1/tp of the FLOPs; no imbalance, no all-to-all (ms)."""
         t = self.tp
-        if shape.experts == 0:
+        if self.kernel is None:  # no routed experts
             return 0.0
         assignments = tokens * shape.top_k
         hit = experts_hit_random(shape.experts, shape.experts, assignments)

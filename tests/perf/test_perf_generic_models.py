@@ -53,7 +53,7 @@ def _decode(reqs: list[int], ctx: list[float], step: int = 1) -> DecodeBatch:
 def test_decode_attention_reads_every_cached_byte(model: str, kv_bytes: int) -> None:
     cfg = _cfg(model)
     assert cfg.model.kv_bytes_per_token == kv_bytes
-    a = attention_cost(cfg, _profile())
+    a = attention_cost(cfg.model, cfg.hardware, _profile(), "fp8")
     hbm_ms = cfg.hardware.hbm_bw_bytes_s / 1e3 * ATTN["attn_hbm_efficiency"]
     flops_ms = cfg.hardware.flops["bf16"] / 1e3 * ATTN["attn_flops_efficiency"]
     reqs, ctx = 8, 8 * 10_000
@@ -67,7 +67,8 @@ def test_decode_attention_reads_every_cached_byte(model: str, kv_bytes: int) -> 
 
 
 def test_mla_decode_attends_the_absorbed_latent_and_prefill_per_head() -> None:
-    a = attention_cost(_cfg("deepseek_v3"), _profile())
+    cfg = _cfg("deepseek_v3")
+    a = attention_cost(cfg.model, cfg.hardware, _profile(), "fp8")
     assert a.entry_flops == 2 * 128 * (2 * 512 + 64)
     assert a.prefill_entry_flops == 2 * 128 * (192 + 128)
 
