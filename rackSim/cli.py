@@ -6,6 +6,7 @@ racksim-validate   - drive real vLLM servers, recalibrate, compare (rackSim.vali
 racksim-workload   - describe a workload (rackSim.workload)
 racksim-plot       - figures from a sweep table (rackSim.report)
 racksim-fidelity   - published vs predicted, leave-one-out, effects (rackSim.calibrate.fidelity)
+racksim-plan       - the cheapest fleets for a demand and SLOs (rackSim.plan)
 """
 
 from __future__ import annotations
@@ -54,6 +55,34 @@ def _run(tree: DictConfig) -> float | None:
 
 def run() -> None:
     _run()
+
+
+@hydra.main(config_path=str(SCENARIOS_DIR), config_name="config", version_base=None)
+def _plan(tree: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from rackSim.plan.command import run_plan, write_plan
+    from rackSim.plan.confirm import ConfirmError
+    from rackSim.plan.inputs import PlanError, load_plan_inputs
+
+    hc = HydraConfig.get()
+    out = Path(hc.runtime.output_dir)
+    try:
+        inputs = load_plan_inputs(tree)
+    except PlanError as err:
+        print(f"racksim-plan: {err}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    try:
+        result = run_plan(inputs, out, list(hc.overrides.task))
+    except ConfirmError as err:
+        print(f"racksim-plan: {err}", file=sys.stderr)
+        sys.exit(1)
+    page = write_plan(result, inputs, out)
+    print(f"racksim-plan: {page}", file=sys.stderr)
+
+
+def plan() -> None:
+    _plan()
 
 
 def calibrate() -> None:

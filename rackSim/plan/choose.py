@@ -1,0 +1,78 @@
+"""From priced candidates to plans: which to confirm, which to recommend, why families lose.
+
+Order of preference among candidates that meet every SLO within the limits: cheapest fleet
+per hour (racks are bought whole), then fewest GPUs in use (the rest of the rack is spare),
+then the largest headroom to the tightest SLO. When none does, the best found is the one
+closest to meeting them (largest `headroom_min`, i.e. the smallest shortfall), and its
+verdict says which SLO it misses.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from rackSim.plan.screen import Rejected
+
+ORDER = ["fleet_usd_h", "gpus", "headroom_min"]
+ASCENDING = [True, True, False]
+
+
+def ranked(screened: pd.DataFrame) -> pd.DataFrame:
+    """Feasible candidates in order of preference; if there are none, every candidate within
+    the budget (else every candidate) closest to the SLOs first."""
+    ok = screened[screened["feasible"]]
+    if len(ok):
+        return ok.sort_values(ORDER, ascending=ASCENDING, kind="stable")
+    pool = screened[screened["within_budget"]]
+    if not len(pool):
+        pool = screened
+    return pool.sort_values(["headroom_min", "fleet_usd_h"], ascending=[False, True],
+                            kind="stable")
+
+
+def to_confirm(screened: pd.DataFrame, k: int) -> pd.DataFrame:
+    """The best candidate of each of the `k` best families (hardware x layout kind and
+    widths), so the simulation sees different ways to serve the demand."""
+    best = ranked(screened).drop_duplicates(["hardware", "family_key"])
+    return best.head(k)
+
+
+def chosen(candidates: pd.DataFrame, n: int) -> pd.DataFrame:
+    """The `n` plans recommended, in the order of `ranked`, except that candidates the
+    simulation confirmed within the SLOs come first and those it found missing them last."""
+    order = ranked(candidates)
+    des = order["des_meets_slo"] if "des_meets_slo" in order else pd.Series(
+        None, index=order.index, dtype=object)
+    tier = [0 if v is True else 2 if v is False else 1 for v in des]
+    return order.assign(_tier=tier).sort_values("_tier", kind="stable").head(n).drop(
+        columns="_tier")
+
+
+def families(screened: pd.DataFrame, rejected: list[Rejected],
+             plans: pd.DataFrame) -> pd.DataFrame:
+    """One row per family (hardware x layout kind and widths): its best candidate and, for a
+    family without a plan, why it lost (SLO missed, over budget, dearer, does not fit)."""
+    rows = []
+    chosen_keys = set(zip(plans["hardware"], plans["family_key"], strict=True))
+    cheapest = plans["fleet_usd_h"].min() if len(plans) else float("nan")
+    for (hw, fam), g in screened.groupby(["hardware", "family_key"], sort=False):
+        best = ranked(g).iloc[0]
+        if (hw, fam) in chosen_keys:
+            why = "chosen"
+        elif best["feasible"]:
+            why = (f"meets the SLOs but costs more: ${best['fleet_usd_h']:,.0f}/h "
+                   f"({best['racks']} racks of {best['layout']}) against ${cheapest:,.0f}/h")
+        else:
+            why = f"best candidate {best['layout']} x{best['racks']}: {best['verdict']}"
+        rows.append({"hardware": hw, "family": fam, "candidates": len(g),
+                     "feasible": int(g["feasible"].sum()), "best_layout": best["layout"],
+                     "best_racks": int(best["racks"]), "why": why})
+    screened_keys = {(r["hardware"], r["family"]) for r in rows}
+    for rej in rejected:
+        if (rej.hardware, rej.family) in screened_keys:
+            continue
+        screened_keys.add((rej.hardware, rej.family))
+        rows.append({"hardware": rej.hardware, "family": rej.family, "candidates": 0,
+                     "feasible": 0, "best_layout": "", "best_racks": 0,
+                     "why": f"does not fit: {rej.reason}"})
+    return pd.DataFrame(rows)

@@ -1,0 +1,171 @@
+"""`racksim-plan`: demand + SLOs + hardware options + prices in, the cheapest fleets out.
+
+    racksim-plan plan=agentx_reference                       # the reference question
+    racksim-plan plan=agentx_reference plan.demand.agents=8000 plan.confirm.top_k=2
+    racksim-plan plan=agentx_reference hydra.run.dir=runs/plan_a   # re-run: resumes stage 2
+
+Stage 1 screens every candidate (rackSim.plan.screen), stage 2 simulates the best through a
+Hydra launcher (rackSim.plan.confirm), then the plan is written into the run directory:
+`plan.html` (one self-contained page), `plan.parquet/csv` (the plan table),
+`candidates.parquet/csv` (every screened candidate), `families.parquet/csv` (why each family
+lost), `pareto.png`, `screen_vs_des.png`, `confirm/` (the confirmation sweep).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from rackSim.plan.choose import chosen, families, to_confirm
+from rackSim.plan.confirm import compare, run_confirmation, write_candidates
+from rackSim.plan.demand import profile_demand
+from rackSim.plan.inputs import PlanInputs
+from rackSim.plan.screen import Screen
+from rackSim.report.plan_figures import pareto_png, screen_error_png
+from rackSim.report.plan_page import PlanPage, write_plan_page
+from rackSim.report.plan_table import plan_table, write_plan_tables
+from rackSim.workload.sources import load_sessions
+
+#: Overrides of the plan command that are not the scenario's (not passed to the simulations).
+NOT_SCENARIO = ("plan", "+plan", "++plan", "hydra", "hardware", "+hardware")
+
+
+@dataclass
+class PlanResult:
+    screened: pd.DataFrame
+    confirmed: pd.DataFrame
+    plans: pd.DataFrame
+    families: pd.DataFrame
+    screen_s: float
+    met: bool
+
+
+def scenario_overrides(overrides: Sequence[str]) -> list[str]:
+    """The command-line overrides that shape the scenario (workload, deployment settings,
+    experiment...), to compose the simulations the same way the screen saw it."""
+    return [o for o in overrides if o.split("=", 1)[0].split(".", 1)[0].split("/", 1)[0]
+            not in NOT_SCENARIO]
+
+
+def _meets(rows: pd.DataFrame, inputs: PlanInputs) -> pd.Series:
+    slo = inputs.plan.slo
+    ok = ((rows["des_status"] == "ok")
+          & (rows["des_interactivity_tok_s"] >= slo.interactivity_p90_tok_s_user_min)
+          & (rows["des_ttft_p90_ms"] <= slo.ttft_p90_s_max * 1e3))
+    if slo.ttft_p50_s_max is not None:
+        ok &= rows["des_ttft_p50_ms"] <= slo.ttft_p50_s_max * 1e3
+    return ok
+
+
+def run_plan(inputs: PlanInputs, out_dir: Path, overrides: Sequence[str] = ()) -> PlanResult:
+    """Screen, confirm, choose (no files written; see `write_plan`)."""
+    plan, cfg = inputs.plan, inputs.scenario
+    t0 = time.perf_counter()
+    sessions = load_sessions(cfg.workload, cfg.seed)
+    # Reuse is measured per live agent; sessions per hour replay the pool once, side by side.
+    demand = profile_demand(sessions, cfg.deployment.decode.speculative.accepted_tokens_per_step,
+                            lanes=plan.demand.agents or len(sessions))
+    screen = Screen(cfg, plan, inputs.hardware, demand)
+    screened = screen.run()
+    screen_s = time.perf_counter() - t0
+    print(f"racksim-plan: screened {len(screened)} candidates in {screen_s:.1f} s, "
+          f"{int(screened['feasible'].sum())} meet the SLOs within the limits", file=sys.stderr)
+    picks = to_confirm(screened, plan.confirm.top_k).copy()
+    confirmed = picks.iloc[0:0]
+    if len(picks):
+        picks["candidate"] = write_candidates(picks, plan, out_dir)
+        sim = run_confirmation(picks["candidate"].tolist(), plan, out_dir,
+                               scenario_overrides(overrides))
+        confirmed = compare(picks, sim)
+        confirmed["des_meets_slo"] = _meets(confirmed, inputs)
+    pool = screened if not len(confirmed) else pd.concat(
+        [confirmed, screened.drop(index=confirmed.index)])
+    plans = chosen(pool, plan.plans)
+    met = bool(plans["feasible"].any()) if len(plans) else False
+    return PlanResult(screened, confirmed, plans, families(screened, screen.rejected, plans),
+                      screen_s, met)
+
+
+def _status(row: pd.Series, i: int) -> str:
+    des = row.get("des_meets_slo")
+    if not row["feasible"]:
+        return "best found: misses"
+    if des is True:
+        return f"plan {i}: confirmed"
+    if des is False:
+        return f"plan {i}: DES misses"
+    return f"plan {i}: screen only"
+
+
+def write_plan(result: PlanResult, inputs: PlanInputs, out_dir: Path) -> Path:
+    """Write the tables, figures and page of `result` into `out_dir`; returns the page."""
+    plan = inputs.plan
+    plans = result.plans.copy()
+    plans.insert(0, "status", [_status(r, i + 1) for i, (_, r) in enumerate(plans.iterrows())])
+    shown = plans
+    if len(result.confirmed):
+        extra = result.confirmed[~result.confirmed.index.isin(plans.index)].copy()
+        extra.insert(0, "status", "confirmed, not chosen")
+        shown = pd.concat([plans, extra])
+    table = plan_table(shown)
+    write_plan_tables(out_dir, {"plan": table, "candidates": result.screened,
+                                "families": result.families})
+    figures = {"Throughput per GPU against P90 interactivity: every screened candidate, the "
+               "SLO line, the plans (stars) and their simulated points (circles)":
+               pareto_png(result.screened, shown, plan.slo.interactivity_p90_tok_s_user_min)}
+    if len(result.confirmed):
+        figures["Screen against simulation, per confirmed candidate"] = \
+            screen_error_png(result.confirmed)
+    for name, png in zip(("pareto.png", "screen_vs_des.png"), figures.values(), strict=False):
+        (out_dir / name).write_bytes(png)
+    page = PlanPage(
+        title=f"Capacity plan: {plan.name}", question=question(inputs),
+        plans=table, families=result.families, figures=figures,
+        notes=notes(inputs, result), method=method(inputs, result),
+        missed="" if result.met else (
+            "No fleet within the limits meets every SLO. The best found is shown; "
+            f"it misses: {result.plans.iloc[0]['verdict']}." if len(result.plans) else
+            "No candidate could be priced."))
+    return write_plan_page(page, out_dir / "plan.html")
+
+
+def question(inputs: PlanInputs) -> str:
+    p, cfg = inputs.plan, inputs.scenario
+    demand = (f"{p.demand.agents:,} concurrent agents" if p.demand.agents is not None
+              else f"{p.demand.sessions_per_hour:,.0f} sessions per hour")
+    hw = ", ".join(o.name for o in p.hardware)
+    return (f"{demand} of workload '{cfg.workload.name}' on {cfg.model.name}; SLOs: P90 "
+            f"interactivity >= {p.slo.interactivity_p90_tok_s_user_min:g} tok/s/user, TTFT "
+            f"P90 <= {p.slo.ttft_p90_s_max:g} s; hardware options: {hw}; at most "
+            f"{p.limits.max_racks} racks" + (f", ${p.limits.max_usd_per_hour:,.0f}/h"
+                                              if p.limits.max_usd_per_hour else "") + ".")
+
+
+def notes(inputs: PlanInputs, result: PlanResult) -> list[str]:
+    out = []
+    if len(result.confirmed) and not inputs.plan.confirm.fleet:
+        out.append("Confirmation simulated ONE rack of each candidate at agents / racks "
+                   "clients (session affinity to a rack: identical racks split the demand "
+                   "evenly and exchange no KV), not the whole fleet.")
+    if inputs.plan.confirm.top_k == 0:
+        out.append("Screen only: no candidate was simulated (confirm.top_k = 0).")
+    return out
+
+
+def method(inputs: PlanInputs, result: PlanResult) -> list[str]:
+    c = inputs.plan.confirm
+    return [
+        f"Screen: {len(result.screened)} candidates in {result.screen_s:.1f} s, step times "
+        f"from the {inputs.scenario.perf.model} step model, queueing bounds (Little, "
+        "M/G/1 prefill per instance, Poisson decode occupancy) - rackSim/plan/screen.py.",
+        f"Confirmation: {len(result.confirmed)} candidates simulated by the engine through "
+        f"hydra/launcher={c.launcher}, {c.window_s:g} s windows after "
+        f"{c.warmup_requests_per_lane} warm-up requests per lane; session affinity routing.",
+        "Throughput counts cached + uncached input + output tokens per GPU in use; revenue "
+        f"from the '{inputs.scenario.pricing.name}' price sheet.",
+    ]

@@ -1,0 +1,121 @@
+"""Stage 2: the best screened candidates simulated by the engine, through a Hydra launcher.
+
+Each candidate becomes one option of a `candidate` config group written under the plan's
+output directory (`candidates/candidate/<id>.yaml`, `# @package _global_`: hardware,
+layout, router, clients, window). One `racksim -m` multirun then runs them all, with the
+plan's launcher (joblib locally, racksim_ray on a cluster) and the scenario overrides the plan
+was composed with, into `<out>/confirm/`: a sweep like any other (job.json per job, the sweep
+table at the end), and resumable like one: a candidate id is a hash of its file, so re-running
+the plan into the same directory skips every candidate already simulated.
+
+Until the engine simulates fleets, `confirm.fleet: false` simulates *one* rack of the
+candidate at `agents / racks` clients: with session affinity to a rack, identical racks split
+the demand evenly and never exchange KV, so one rack stands for each of them. The report
+says so. `confirm.fleet: true` simulates the whole fleet (`deployment.racks`,
+`decode.instances`, the global router's session affinity) at the full demand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from rackSim.plan.spec import PlanSpec
+from rackSim.report.sweep_table import build_table
+
+CANDIDATE_GROUP = "candidate"
+#: The metrics compared between the screen and the simulation.
+COMPARED = ("throughput_tok_s_gpu", "output_tok_s_gpu", "interactivity_tok_s", "ttft_p50_ms",
+            "ttft_p90_ms")
+
+
+class ConfirmError(RuntimeError):
+    """The confirmation sweep could not run at all (not: a candidate failed)."""
+
+
+def candidate_config(row: pd.Series, plan: PlanSpec) -> dict:
+    """The scenario changes that make the base scenario this candidate."""
+    fleet = plan.confirm.fleet
+    racks = int(row["racks"])
+    if plan.demand.agents is not None:
+        agents = plan.demand.agents if fleet else math.ceil(plan.demand.agents / racks)
+    else:  # open-loop demand: the clients the screen predicted at that session rate
+        agents = math.ceil(row["agents_per_rack"] * (racks if fleet else 1))
+    deployment: dict = {
+        "name": f"{row['layout']} x{racks}" if fleet else f"{row['layout']} (1 of {racks})",
+        "racks": racks if fleet else 1,
+        "router": "session_affinity",
+        "prefill": {"instances": int(row["prefill_instances"]),
+                    "gpus_per_instance": int(row["prefill_gpus"])},
+        "decode": {"instances": int(row["decode_instances"]), "gpus": int(row["decode_gpus"])},
+    }
+    if fleet:
+        deployment["fleet_router"] = {"policy": "session_affinity"}
+    return {"defaults": [{"override /hardware": row["hardware"]}],
+            "deployment": deployment,
+            "workload": {"replay": {"concurrency": agents,
+                                    "warmup_requests_per_lane":
+                                        plan.confirm.warmup_requests_per_lane,
+                                    "window_s": plan.confirm.window_s}}}
+
+
+def write_candidates(rows: pd.DataFrame, plan: PlanSpec, out_dir: Path) -> list[str]:
+    """Write each row's config file; returns their ids (`<hardware>_<layout>_r<racks>_<hash>`)."""
+    group = out_dir / "candidates" / CANDIDATE_GROUP
+    group.mkdir(parents=True, exist_ok=True)
+    ids = []
+    for _, row in rows.iterrows():
+        body = yaml.safe_dump(candidate_config(row, plan), sort_keys=False)
+        digest = hashlib.sha1(body.encode()).hexdigest()[:8]
+        name = (f"{row['hardware']}_p{row['prefill_instances']}x{row['prefill_gpus']}"
+                f"_d{row['decode_instances']}x{row['decode_gpus']}_r{row['racks']}_{digest}")
+        (group / f"{name}.yaml").write_text("# @package _global_\n" + body)
+        ids.append(name)
+    return ids
+
+
+def confirm_command(ids: Sequence[str], plan: PlanSpec, out_dir: Path,
+                    scenario_overrides: Sequence[str]) -> list[str]:
+    """The `racksim -m` command line that simulates `ids`."""
+    c = plan.confirm
+    return [sys.executable, "-c", "from rackSim.cli import run; run()", "-m",
+            f"hydra/launcher={c.launcher}", *c.launcher_overrides,
+            f"hydra.searchpath=[file://{(out_dir / 'candidates').resolve()}]",
+            f"hydra.sweep.dir={(out_dir / 'confirm').resolve()}", "progress=false",
+            *scenario_overrides, f"+{CANDIDATE_GROUP}={','.join(ids)}"]
+
+
+def run_confirmation(ids: Sequence[str], plan: PlanSpec, out_dir: Path,
+                     scenario_overrides: Sequence[str]) -> pd.DataFrame:
+    """Simulate the candidates `ids`; one row per candidate of the sweep table (status,
+    error, metrics), indexed by candidate id."""
+    cmd = confirm_command(ids, plan, out_dir, scenario_overrides)
+    done = subprocess.run(cmd, stdout=sys.stderr, check=False)
+    try:
+        table = build_table(out_dir / "confirm")
+    except FileNotFoundError:
+        raise ConfirmError(f"the confirmation sweep ran no job (exit {done.returncode}): "
+                           f"{' '.join(cmd[3:])}") from None
+    table = table[table[CANDIDATE_GROUP].isin(ids)]
+    return table.set_index(CANDIDATE_GROUP)
+
+
+def compare(screened: pd.DataFrame, simulated: pd.DataFrame) -> pd.DataFrame:
+    """Screen beside simulation for each confirmed candidate: `des_<metric>` and the screen's
+    relative error `err_<metric>` = screen / DES - 1."""
+    out = screened.copy()
+    sim = simulated.reindex(out["candidate"])
+    out["des_status"] = sim["status"].to_numpy()
+    out["des_error"] = sim["error"].to_numpy()
+    for m in COMPARED:
+        des = pd.to_numeric(sim[m], errors="coerce").to_numpy() if m in sim else math.nan
+        out[f"des_{m}"] = des
+        out[f"err_{m}"] = out[m] / des - 1
+    return out

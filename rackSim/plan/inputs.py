@@ -1,0 +1,94 @@
+"""From a composed Hydra tree (`scenarios/config.yaml` + `plan=<name>`) to validated planner
+inputs: the plan, the base scenario its candidates vary, and each hardware option's spec.
+
+Everything is checked before anything runs; a `PlanError` names each bad field
+(`plan.hardware[1].name: unknown hardware 'h100'; ...`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from pydantic import ValidationError
+
+from rackSim.config import SCENARIOS_DIR, ConfigError, load_run_config
+from rackSim.config.specs import HardwareSpec, RunConfig
+from rackSim.plan.spec import PlanSpec
+
+HARDWARE_DIR = SCENARIOS_DIR / "hardware"
+
+
+class PlanError(ValueError):
+    """A planning question that cannot be answered as posed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    plan: PlanSpec
+    scenario: RunConfig
+    hardware: dict[str, HardwareSpec]
+
+
+def _fields(err: ValidationError, prefix: str) -> list[str]:
+    out = []
+    for e in err.errors():
+        where = ".".join([prefix, *(str(p) if not isinstance(p, int) else f"[{p}]"
+                                    for p in e["loc"])]).replace(".[", "[")
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; remove it or check its spelling"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        out.append(f"  {where}: {msg}")
+    return out
+
+
+def load_hardware(name: str) -> HardwareSpec | None:
+    """The spec of `scenarios/hardware/<name>.yaml`, or None if there is no such file."""
+    path = HARDWARE_DIR / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    return HardwareSpec.model_validate(yaml.safe_load(path.read_text()))
+
+
+def load_plan_inputs(tree: Mapping[str, Any] | DictConfig) -> PlanInputs:
+    """Validate the `plan` node and the scenario around it; raise `PlanError` listing every
+    bad field."""
+    if isinstance(tree, DictConfig):
+        tree = OmegaConf.to_container(tree, resolve=True)
+    tree = dict(tree)
+    node = tree.pop("plan", None)
+    if node is None:
+        raise PlanError("no plan chosen: pick one of scenarios/plan/, e.g. "
+                        "`racksim-plan plan=agentx_reference`")
+    problems: list[str] = []
+    try:
+        plan = PlanSpec.model_validate(node)
+    except ValidationError as err:
+        raise PlanError("invalid plan:\n" + "\n".join(_fields(err, "plan"))) from None
+    try:
+        scenario = load_run_config(tree)
+    except ConfigError as err:
+        raise PlanError(f"the scenario the plan varies is invalid: {err}") from None
+    hardware: dict[str, HardwareSpec] = {}
+    known = sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml"))
+    for i, opt in enumerate(plan.hardware):
+        spec = load_hardware(opt.name)
+        if spec is None:
+            problems.append(f"  plan.hardware[{i}].name: unknown hardware '{opt.name}'; "
+                            f"pick one of {known} (scenarios/hardware/)")
+        elif scenario.perf.weight_dtype not in spec.flops:
+            problems.append(f"  plan.hardware[{i}].name: '{opt.name}' has no "
+                            f"{scenario.perf.weight_dtype} peak (perf.weight_dtype)")
+        else:
+            hardware[opt.name] = spec
+    names = [o.name for o in plan.hardware]
+    for name in {n for n in names if names.count(n) > 1}:
+        problems.append(f"  plan.hardware: '{name}' listed twice; give each option once")
+    if problems:
+        raise PlanError("invalid plan:\n" + "\n".join(problems))
+    return PlanInputs(plan, scenario, hardware)

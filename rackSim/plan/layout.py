@@ -1,0 +1,55 @@
+"""Candidate fleets: `racks` x one rack layout on one hardware option.
+
+A rack layout (family `disaggregated`) is `prefill_instances` x DEP`prefill_gpus` prefill +
+`decode_instances` x DEP`decode_gpus` decode inside one NVLink domain; every instance lives in
+one rack, so a fleet of identical racks with session affinity to a rack splits the demand
+evenly (each rack serves `agents / racks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from rackSim.plan.spec import Space
+
+
+@dataclass(frozen=True, slots=True)
+class RackLayout:
+    family: str
+    prefill_instances: int
+    prefill_gpus: int
+    decode_instances: int
+    decode_gpus: int
+
+    @property
+    def gpus(self) -> int:
+        return (self.prefill_instances * self.prefill_gpus
+                + self.decode_instances * self.decode_gpus)
+
+    @property
+    def name(self) -> str:
+        """e.g. `P8xDEP2+DEP32`, `P4xDEP2+2xDEP16` (the simulator's layout label)."""
+        dec = f"DEP{self.decode_gpus}"
+        if self.decode_instances > 1:
+            dec = f"{self.decode_instances}x{dec}"
+        return f"P{self.prefill_instances}xDEP{self.prefill_gpus}+{dec}"
+
+    @property
+    def family_key(self) -> str:
+        """The family a rejected layout is reported under: kind and instance widths."""
+        dec = f"DEP{self.decode_gpus}"
+        if self.decode_instances > 1:
+            dec = f"{self.decode_instances}x{dec}"
+        return f"{self.family}: DEP{self.prefill_gpus} prefill + {dec} decode"
+
+
+def rack_layouts(space: Space, gpus_per_rack: int) -> Iterator[RackLayout]:
+    """Every layout of `space` that fits a rack of `gpus_per_rack` GPUs."""
+    for family in space.families:
+        for dw in space.decode_gpus:
+            for di in space.decode_instances:
+                left = gpus_per_rack - dw * di
+                for pw in space.prefill_gpus_per_instance:
+                    for pi in range(1, min(space.prefill_instances_max, left // pw) + 1):
+                        yield RackLayout(family, pi, pw, di, dw)

@@ -1,0 +1,264 @@
+"""Stage 1, the screen: every candidate fleet priced with `perf/` speeds and queueing bounds
+(no event loop), thousands in seconds.
+
+One rack of a candidate serves `agents / racks` agents (session affinity to a rack). Its
+operating point is the decode occupancy `n` (requests per DP rank) at which the closed loop
+balances, found by bisection (vectorised over all candidates):
+
+* decode (Little): an instance with n requests per rank steps every T(n) ms and a request
+  stays `steps` steps, so it completes ``lambda_d = n x ranks / (steps x T(n))`` requests/s;
+  the rack completes ``lambda = decode_instances x lambda_d``;
+* prefill (M/G/1 per instance, FCFS, session affinity): each request brings `u` uncached
+  tokens, an instance computes mu tokens/s at a full budget, so ``rho = lambda_p E[u] / mu``
+  and the Pollaczek-Khinchine wait is ``W = lambda_p E[u^2] / mu^2 / (2 (1 - rho))``, with the
+  usual exponential tail ``P(wait > t) = rho exp(-rho t / W)`` for its P50 / P90;
+* TTFT = wait + the request's own chunks + KV push + half a decode step (the step in
+  progress) + the first decode step; TPOT = T(n) / accepted tokens per step;
+* closed loop (Little over the agents): ``agents = lambda_s x session duration(TTFT, TPOT)``
+  with ``lambda_s = lambda / requests per session``; open loop (sessions per hour):
+  ``lambda_s`` is given.
+
+If decode saturates (n reaches max_num_seqs or the KV limit) before the agents are absorbed,
+the excess agents queue for admission and their wait (Little) is added to TTFT. P90
+interactivity is taken at the 90th percentile of the instance's occupancy (Poisson, the
+M/G/infinity count) spread over its ranks: ``a / T(n90)``. Sums of P90 parts make the TTFT P90
+an upper estimate; the DES confirmation measures how far off it is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from pydantic import ValidationError
+from scipy.stats import poisson
+
+from rackSim.config import with_changes
+from rackSim.config.specs import HardwareSpec, RunConfig
+from rackSim.plan.demand import DemandProfile
+from rackSim.plan.layout import RackLayout, rack_layouts
+from rackSim.plan.spec import PlanSpec
+from rackSim.plan.speeds import DecodeSpeed, PrefillSpeed, decode_speed
+
+BISECTION_STEPS = 48
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A rack layout the scenario's rules refuse, with the validator's message."""
+
+    hardware: str  # the plan's hardware option
+    family: str
+    reason: str
+
+
+def layout_config(cfg: RunConfig, hw: HardwareSpec, layout: RackLayout) -> RunConfig:
+    """`cfg` as one rack of `layout` on hardware `hw`, validated by the scenario's rules
+    (fits the rack and its NVLink domains, experts spread, KV room)."""
+    return with_changes(cfg, hardware=hw.model_dump(), deployment={
+        "racks": 1,
+        "prefill": {"instances": layout.prefill_instances,
+                    "gpus_per_instance": layout.prefill_gpus},
+        "decode": {"instances": layout.decode_instances, "gpus": layout.decode_gpus}})
+
+
+class Screen:
+    """Prices candidate fleets of `plan` for the workload `demand` of scenario `cfg`."""
+
+    def __init__(self, cfg: RunConfig, plan: PlanSpec, hardware: Mapping[str, HardwareSpec],
+                 demand: DemandProfile):
+        self.cfg, self.plan, self.hardware, self.demand = cfg, plan, hardware, demand
+        self.rejected: list[Rejected] = []
+        self._decode: dict[tuple[str, int], DecodeSpeed] = {}
+        self._prefill: dict[tuple[str, int], PrefillSpeed] = {}
+
+    def _speeds(self, option: str, layout: RackLayout
+                ) -> tuple[DecodeSpeed, PrefillSpeed] | None:
+        dk, pk = (option, layout.decode_gpus), (option, layout.prefill_gpus)
+        try:
+            cfg = layout_config(self.cfg, self.hardware[option], layout)
+        except ValidationError as err:
+            reason = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
+            self.rejected.append(Rejected(option, layout.family_key, reason))
+            return None
+        if dk not in self._decode:
+            self._decode[dk] = decode_speed(cfg, self.demand.decode_context_mean)
+        if pk not in self._prefill:
+            self._prefill[pk] = PrefillSpeed(cfg)
+        return self._decode[dk], self._prefill[pk]
+
+    def candidates(self) -> pd.DataFrame:
+        """One row per candidate (hardware x racks x layout) with its per-rack inputs."""
+        rows = []
+        d, pl = self.demand, self.plan
+        for opt in pl.hardware:
+            hw = self.hardware[opt.name]
+            price = opt.usd_per_gpu_hour(hw)
+            for lay in rack_layouts(pl.space, hw.gpus_per_rack):
+                speeds = self._speeds(opt.name, lay)
+                if speeds is None:
+                    continue
+                dec, pre = speeds
+                for racks in range(1, pl.limits.max_racks + 1):
+                    if pl.demand.agents is not None:
+                        agents, sessions_s = pl.demand.agents / racks, math.nan
+                    else:
+                        sessions_s = pl.demand.sessions_per_hour / 3600.0 / racks
+                        agents = sessions_s * d.session_s(1.0, 0.005)
+                    cache = lay.prefill_instances * pre.cache_tokens / max(agents, 1e-9)
+                    u_mean, u_sq, u90 = d.uncached(cache)
+                    mu, _ = pre.rate(d.prompt_mean, u_mean)
+                    rows.append({
+                        "hardware": opt.name, "family": lay.family,
+                        "family_key": lay.family_key, "layout": lay.name, "racks": racks,
+                        "prefill_instances": lay.prefill_instances,
+                        "prefill_gpus": lay.prefill_gpus,
+                        "decode_instances": lay.decode_instances,
+                        "decode_gpus": lay.decode_gpus, "gpus_per_rack_used": lay.gpus,
+                        "gpus": racks * lay.gpus, "gpus_bought": racks * hw.gpus_per_rack,
+                        "price_usd_gpu_h": price, "agents_per_rack_in": agents,
+                        "sessions_s_per_rack_in": sessions_s, "uncached_mean": u_mean,
+                        "uncached_sq_mean": u_sq, "uncached_p90": u90, "prefill_mu_tok_s": mu,
+                        "own_mean_s": pre.own_ms(d.prompt_mean, u_mean) / 1e3,
+                        "own_p90_s": pre.own_ms(d.prompt_mean, u90) / 1e3,
+                        "push_mean_s": pre.push_ms(d.prompt_mean) / 1e3,
+                        "push_p90_s": pre.push_ms(d.prompt_p90) / 1e3,
+                        "decode_max_per_rank": dec.max_per_rank,
+                    })
+        return pd.DataFrame(rows)
+
+    def _step_ms(self, df: pd.DataFrame, per_rank: np.ndarray) -> np.ndarray:
+        out = np.empty(len(df))
+        for (hw, dw), idx in df.groupby(["hardware", "decode_gpus"]).indices.items():
+            out[idx] = self._decode[(hw, dw)].step_at(per_rank[idx])
+        return out
+
+    def _point(self, df: pd.DataFrame, n: np.ndarray) -> dict[str, np.ndarray]:
+        """Rates and mean latencies of every candidate at decode occupancy `n` per rank."""
+        d = self.demand
+        ranks = df["decode_ranks"].to_numpy()
+        t_ms = self._step_ms(df, n)
+        lam = df["decode_instances"].to_numpy() * n * ranks / (d.decode_steps_mean * t_ms / 1e3)
+        lam_p = lam / df["prefill_instances"].to_numpy()
+        mu = df["prefill_mu_tok_s"].to_numpy()
+        rho = lam_p * df["uncached_mean"].to_numpy() / mu
+        with np.errstate(divide="ignore", invalid="ignore"):
+            wait = np.where(rho < 1, lam_p * df["uncached_sq_mean"].to_numpy() / mu ** 2
+                            / (2 * (1 - rho)), np.inf)
+        ttft = (wait + df["own_mean_s"].to_numpy() + df["push_mean_s"].to_numpy()
+                + 1.5 * t_ms / 1e3)
+        tpot = t_ms / df["accepted"].to_numpy() / 1e3
+        lam_s = lam / d.requests_per_session
+        return {"t_ms": t_ms, "lam": lam, "rho": rho, "wait": wait, "ttft": ttft,
+                "tpot": tpot, "lam_s": lam_s,
+                "session_s": d.session_d0_s + d.session_n_ttft * ttft + d.session_n_tpot * tpot}
+
+    def _excess(self, df: pd.DataFrame, p: dict[str, np.ndarray]) -> np.ndarray:
+        """How far the load at a point falls short of the demand (< 0: more load needed)."""
+        if self.plan.demand.agents is not None:
+            return p["lam_s"] * p["session_s"] - df["agents_per_rack_in"].to_numpy()
+        return p["lam_s"] - df["sessions_s_per_rack_in"].to_numpy()
+
+    def evaluate(self, df: pd.DataFrame) -> pd.DataFrame:
+        """Solve every candidate's operating point; add predictions, costs and SLO checks."""
+        df = df.copy()
+        speeds = [self._decode[(h, w)]
+                  for h, w in zip(df["hardware"], df["decode_gpus"], strict=True)]
+        df["decode_ranks"] = [s.ranks for s in speeds]
+        df["accepted"] = [s.accepted for s in speeds]
+        lo, hi = np.zeros(len(df)), df["decode_max_per_rank"].to_numpy().astype(float)
+        top = self._point(df, hi)
+        saturated = np.nan_to_num(self._excess(df, top), nan=np.inf, posinf=np.inf) < 0
+        for _ in range(BISECTION_STEPS):
+            mid = (lo + hi) / 2
+            short = self._excess(df, self._point(df, mid)) < 0
+            lo, hi = np.where(short, mid, lo), np.where(short, hi, mid)
+        n = np.where(saturated, df["decode_max_per_rank"].to_numpy(), lo)
+        p = self._point(df, n)
+        return self._predict(df, n, p, saturated)
+
+    def _predict(self, df: pd.DataFrame, n: np.ndarray, p: dict[str, np.ndarray],
+                 saturated: np.ndarray) -> pd.DataFrame:
+        d, slo, pr = self.demand, self.plan.slo, self.cfg.pricing
+        open_loop = self.plan.demand.agents is None
+        agents = np.where(open_loop, p["lam_s"] * p["session_s"], df["agents_per_rack_in"])
+        # Saturated decode: the agents the loop cannot absorb wait for admission (Little).
+        with np.errstate(divide="ignore", invalid="ignore"):
+            extra = np.where(saturated, np.inf if open_loop else np.maximum(
+                (agents / p["lam_s"] - p["session_s"]) / d.session_n_ttft, 0.0), 0.0)
+        rho, wait = p["rho"], p["wait"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tail = np.where(rho > 0, wait / rho, 0.0)
+            w90 = np.where(rho > 0.1, tail * np.log(np.maximum(rho, 0.1) / 0.1), 0.0)
+            w50 = np.where(rho > 0.5, tail * np.log(np.maximum(rho, 0.5) / 0.5), 0.0)
+        occupancy = n * df["decode_ranks"].to_numpy()
+        n90 = np.minimum(poisson.ppf(0.9, np.maximum(occupancy, 1e-9))
+                         / df["decode_ranks"].to_numpy(), df["decode_max_per_rank"].to_numpy())
+        t90 = self._step_ms(df, np.maximum(n90, n))
+        half_step = 1.5 * p["t_ms"] / 1e3
+        out = df.copy()
+        lam = p["lam"]
+        gpus_rack = df["gpus_per_rack_used"].to_numpy()
+        cached = lam * (d.prompt_mean - df["uncached_mean"].to_numpy()) / gpus_rack
+        uncached = lam * df["uncached_mean"].to_numpy() / gpus_rack
+        output = lam * d.output_mean / gpus_rack
+        out["agents_per_rack"] = agents
+        out["decode_per_rank"] = n
+        out["decode_step_ms"] = p["t_ms"]
+        out["prefill_utilisation"] = rho
+        out["decode_saturated"] = saturated
+        out["throughput_tok_s_gpu"] = cached + uncached + output
+        out["cached_input_tok_s_gpu"] = cached
+        out["uncached_input_tok_s_gpu"] = uncached
+        out["output_tok_s_gpu"] = output
+        out["interactivity_tok_s"] = df["accepted"].to_numpy() / t90 * 1e3
+        out["ttft_p50_ms"] = (w50 + df["own_mean_s"] + df["push_mean_s"] + half_step
+                              + extra) * 1e3
+        out["ttft_p90_ms"] = (w90 + df["own_p90_s"] + df["push_p90_s"] + half_step
+                              + extra) * 1e3
+        out["revenue_usd_gpu_h"] = (cached * pr.cached_input_usd_per_mtok
+                                    + uncached * pr.uncached_input_usd_per_mtok
+                                    + output * pr.output_usd_per_mtok) * 3600 / 1e6
+        out["fleet_usd_h"] = out["gpus_bought"] * out["price_usd_gpu_h"]
+        out["cost_usd_gpu_h"] = out["fleet_usd_h"] / out["gpus"]
+        out["cost_usd_per_mtok"] = out["cost_usd_gpu_h"] / (
+            out["throughput_tok_s_gpu"] * 3600 / 1e6)
+        out["headroom_interactivity"] = (out["interactivity_tok_s"]
+                                         / slo.interactivity_p90_tok_s_user_min - 1)
+        out["headroom_ttft_p90"] = 1 - out["ttft_p90_ms"] / (slo.ttft_p90_s_max * 1e3)
+        heads = ["headroom_interactivity", "headroom_ttft_p90"]
+        if slo.ttft_p50_s_max is not None:
+            out["headroom_ttft_p50"] = 1 - out["ttft_p50_ms"] / (slo.ttft_p50_s_max * 1e3)
+            heads.append("headroom_ttft_p50")
+        out["headroom_min"] = out[heads].min(axis=1)
+        budget = self.plan.limits.max_usd_per_hour
+        out["within_budget"] = True if budget is None else out["fleet_usd_h"] <= budget
+        out["meets_slo"] = out["headroom_min"] >= 0
+        out["feasible"] = out["meets_slo"] & out["within_budget"]
+        out["verdict"] = [verdict(r, self.plan) for r in out.itertuples()]
+        return out.drop(columns=["decode_ranks", "accepted"])
+
+    def run(self) -> pd.DataFrame:
+        """Enumerate and price every candidate."""
+        return self.evaluate(self.candidates())
+
+
+def verdict(r, plan: PlanSpec) -> str:
+    """Why a candidate fails (empty when it meets every SLO within the limits)."""
+    slo, why = plan.slo, []
+    if r.headroom_interactivity < 0:
+        why.append(f"interactivity {r.interactivity_tok_s:.0f} < "
+                   f"{slo.interactivity_p90_tok_s_user_min:g} tok/s/user")
+    if r.headroom_ttft_p90 < 0:
+        cause = ("decode saturated" if r.decode_saturated
+                 else f"prefill at {min(r.prefill_utilisation, 1):.0%}")
+        why.append(f"TTFT P90 {r.ttft_p90_ms / 1e3:.3g} s > {slo.ttft_p90_s_max:g} s ({cause})")
+    if slo.ttft_p50_s_max is not None and r.headroom_ttft_p50 < 0:
+        why.append(f"TTFT P50 {r.ttft_p50_ms / 1e3:.3g} s > {slo.ttft_p50_s_max:g} s")
+    if not r.within_budget:
+        why.append(f"${r.fleet_usd_h:,.0f}/h over the ${plan.limits.max_usd_per_hour:,.0f}/h "
+                   "budget")
+    return "; ".join(why)

@@ -1,0 +1,59 @@
+"""The plan as tables people read and pandas loads.
+
+`plan_table` turns the planner's candidate rows (screen predictions, simulation results where
+confirmed) into the plan table: one row per plan or confirmed candidate, human column names,
+units in the names. `write_plan_tables` writes it and the other tables as Parquet and CSV.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+#: planner column -> plan-table column (units in the name)
+COLUMNS = {
+    "status": "status",
+    "hardware": "hardware",
+    "racks": "racks",
+    "gpus": "GPUs used",
+    "gpus_bought": "GPUs bought",
+    "layout": "layout per rack",
+    "agents_per_rack": "agents per rack",
+    "throughput_tok_s_gpu": "tok/s/GPU (screen)",
+    "des_throughput_tok_s_gpu": "tok/s/GPU (DES)",
+    "interactivity_tok_s": "P90 tok/s/user (screen)",
+    "des_interactivity_tok_s": "P90 tok/s/user (DES)",
+    "ttft_p90_ms": "TTFT P90 ms (screen)",
+    "des_ttft_p90_ms": "TTFT P90 ms (DES)",
+    "revenue_usd_gpu_h": "revenue $/GPU-h",
+    "cost_usd_gpu_h": "cost $/GPU-h",
+    "fleet_usd_h": "fleet $/h",
+    "cost_usd_per_mtok": "cost $/Mtok",
+    "headroom_interactivity": "headroom interactivity",
+    "headroom_ttft_p90": "headroom TTFT P90",
+    "headroom_ttft_p50": "headroom TTFT P50",
+    "err_throughput_tok_s_gpu": "screen err tok/s/GPU",
+    "err_interactivity_tok_s": "screen err tok/s/user",
+    "err_ttft_p90_ms": "screen err TTFT P90",
+    "verdict": "misses",
+}
+
+
+def plan_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """The readable plan table of planner rows (columns absent from `rows` are left out).
+    Headroom and screen errors are fractions (0.12 = 12 %)."""
+    keep = [c for c in COLUMNS if c in rows.columns]
+    return rows[keep].rename(columns=COLUMNS).reset_index(drop=True)
+
+
+def write_plan_tables(out_dir: Path, tables: dict[str, pd.DataFrame]) -> list[Path]:
+    """Write each table as `<name>.parquet` and `<name>.csv` in `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, df in tables.items():
+        for path, write in ((out_dir / f"{name}.parquet", df.to_parquet),
+                            (out_dir / f"{name}.csv", df.to_csv)):
+            write(path, index=False)
+            paths.append(path)
+    return paths
