@@ -22,7 +22,7 @@ import pandas as pd
 
 from rackSim.config.specs import DeploymentSpec, RunConfig
 from rackSim.engine.simulation import Simulation
-from rackSim.metrics.summary import Result, summarize
+from rackSim.metrics.summary import FleetLayout, Result, summarize
 from rackSim.perf.step import COMPONENTS
 from rackSim.report.files import write_result
 from rackSim.report.plots import plot_run
@@ -41,7 +41,7 @@ def layout_name(dep: DeploymentSpec) -> str:
 
 def decode_breakdown_ms(steps: pd.DataFrame, t0: float) -> dict[str, float]:
     """Mean decode step time and its components over the window, as `decode_<part>_ms`."""
-    dec = steps[(steps["instance"] == "decode") & (steps["start_s"] >= t0)]
+    dec = steps[steps["instance"].str.startswith("decode") & (steps["start_s"] >= t0)]
     cols = {"decode_step_ms": "duration_ms", **{f"decode_{c}_ms": f"{c}_ms" for c in COMPONENTS}}
     return {k: float(dec[c].mean()) if len(dec) else math.nan for k, c in cols.items()}
 
@@ -59,11 +59,13 @@ def simulate(cfg: RunConfig, sessions: list[SessionGraph] | None = None,
         "layout": layout_name(cfg.deployment), "decode_gpus": cfg.deployment.decode.gpus,
         "prefill_instances": cfg.deployment.prefill.instances,
         "partial": out.partial, "sim_s": out.sim_s, "wall_s": out.wall_s, "events": out.events,
-        "kv_bytes_moved": out.kv_bytes_moved, "window_start_s": out.window_start_s,
+        "kv_bytes_moved": out.kv_bytes_moved, "kv_bytes_cross_rack": out.kv_bytes_cross_rack,
+        "window_start_s": out.window_start_s,
         "seed": cfg.seed,
     }
     result = summarize(out.requests, out.steps, out.itl, out.window_start_s, out.window_end_s,
-                       out.num_gpus, cfg.pricing, extra)
+                       out.num_gpus, cfg.pricing, extra,
+                       FleetLayout(out.instance_racks, out.rack_gpus, out.decode_itl))
     result.summary.update(decode_breakdown_ms(result.steps, out.window_start_s))
     return result
 

@@ -4,6 +4,10 @@ Its loop reads like vLLM's: admit requests whose KV has arrived, run one step, e
 retire. Work per step does not grow with the batch: per-rank aggregates (requests, context
 tokens) change on admit / retire, and each request's last step is fixed when it is admitted.
 
+In a fleet several decode instances run side by side (each its own loop, step counter and
+step rows under its own name); `free_slots` (slots left after running and placed requests)
+lets the global router find one with room without scanning its ranks.
+
 Admission: every DP rank runs its own scheduler, so the KV-load cap (K2) holds per rank and
 per step, and the step hands the step model, for each rank that admits, (requests, prompt
 tokens, KV blocks received): the admission work the model prices against the GPU step. In
@@ -52,15 +56,20 @@ class DecodeInstance:
     def __init__(self, env: simpy.Environment, ranks: int, max_seqs_per_rank: int,
                  load_cap: int | None, accepted: float, draft_tokens: int,
                  caches: list[BlockCache], model: StepModel, kv_bytes_per_token: float,
-                 read_stall_ms: Callable[[Iterable[tuple[int, float]]], float] | None,
+                 read_stall_ms: Callable[[Iterable[tuple[int, float, int, float]]], float] | None,
                  itl: LatencyHistogram, in_window: Callable[[float], bool],
-                 trace_tokens: bool, on_step: Callable[..., None]):
+                 trace_tokens: bool, on_step: Callable[..., None], name: str = "decode",
+                 index: int = 0, rack: int = 0, rank_offset: int = 0):
         self.env, self.ranks = env, ranks
+        #: its name in step rows, its number and its rack's in the fleet, and the fleet-wide
+        #: number of its rank 0 (the KV channel numbers decode ranks across the fleet)
+        self.name, self.index, self.rack, self.rank_offset = name, index, rack, rank_offset
         self.max_seqs, self.load_cap = max_seqs_per_rank, load_cap
         self.a, self.draft_tokens = accepted, draft_tokens
         self.caches, self.model = caches, model
         self.kv_bytes_per_token = kv_bytes_per_token
-        #: pull mode: the stall (ms) of a step whose ranks read (KV blocks, bytes) each
+        #: pull mode: the stall (ms) of a step whose ranks read (KV blocks, bytes, remote KV
+        #: blocks, remote bytes) each
         self.read_stall_ms = read_stall_ms
         self.itl, self.in_window = itl, in_window
         self.trace_tokens, self.on_step = trace_tokens, on_step
@@ -68,6 +77,7 @@ class DecodeInstance:
         self.n_req = [0] * ranks
         self.pending = [0] * ranks  # placed on the rank, KV not admitted yet
         self.load = [0] * ranks     # n_req + pending, kept up to date (rank choice)
+        self.free_slots = ranks * max_seqs_per_rank  # minus sum(load), kept up to date
         self.ctx = [0.0] * ranks
         self.running: dict[int, Job] = {}
         self._finish: dict[int, list[Job]] = {}
@@ -95,6 +105,7 @@ class DecodeInstance:
             hit = self.caches[rank].lookup(job.path)
         self.pending[rank] += 1
         load[rank] += 1
+        self.free_slots -= 1
         return rank, hit
 
     def deliver(self, job: Job) -> None:
@@ -112,7 +123,8 @@ class DecodeInstance:
         admitting rank (requests, prompt tokens, KV blocks received))."""
         ready = self.ready
         admitted: list[Job] = []
-        by_rank: dict[int, list] = {}  # rank -> [requests, prompt tokens, blocks, bytes]
+        # rank -> [requests, prompt tokens, blocks, bytes, remote blocks, remote bytes]
+        by_rank: dict[int, list] = {}
         prompt_tokens = 0
         per_token = self.kv_bytes_per_token
         cap = self.load_cap
@@ -160,23 +172,27 @@ class DecodeInstance:
             nbytes = rec.kv_bytes_moved
             blocks = kv_blocks(round(nbytes / per_token))
             if acc is None:
-                by_rank[r] = [1, job.prompt_tokens, blocks, nbytes]
+                acc = by_rank[r] = [1, job.prompt_tokens, 0, 0.0, 0, 0.0]
             else:
                 acc[0] += 1
                 acc[1] += job.prompt_tokens
+            if job.remote:
+                acc[4] += blocks
+                acc[5] += nbytes
+            else:
                 acc[2] += blocks
                 acc[3] += nbytes
             admitted.append(job)
         if skipped:
             ready.extendleft(reversed(skipped))
         accs = by_rank.values()
-        stall = (self.read_stall_ms((acc[2], acc[3]) for acc in accs) if self.read_stall_ms
-                 else 0.0)
+        stall = (self.read_stall_ms((acc[2], acc[3], acc[4], acc[5]) for acc in accs)
+                 if self.read_stall_ms else 0.0)
         return admitted, stall, prompt_tokens, tuple((acc[0], acc[1], acc[2]) for acc in accs)
 
     def _loop(self):
         env, a, draft_tokens = self.env, self.a, self.draft_tokens
-        model, on_step, finish = self.model, self.on_step, self._finish
+        model, on_step, finish, name = self.model, self.on_step, self._finish, self.name
         running, ready, n_req = self.running, self.ready, self.n_req
         timeout, in_window, itl_add = env.timeout, self.in_window, self.itl.add
         retire = self._retire
@@ -227,7 +243,7 @@ class DecodeInstance:
             if self.trace_tokens:
                 self._trace(end)
             ctx = self.ctx
-            on_step("decode", step, start, cost, 0, 0, n_running, emitted, sum(ctx), n_admitted)
+            on_step(name, step, start, cost, 0, 0, n_running, emitted, sum(ctx), n_admitted)
             self.ctx = list(map(add, ctx, map(mul, repeat(a), n_req)))
             for job in retiring:
                 retire(job, end)
@@ -246,6 +262,7 @@ class DecodeInstance:
         n_req, ctx = self.n_req, self.ctx
         n_req[r] -= 1
         self.load[r] -= 1
+        self.free_slots += 1
         if n_req[r] == 0:
             ctx[r] = 0.0
         else:

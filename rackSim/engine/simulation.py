@@ -1,8 +1,10 @@
-"""Assemble a simulated deployment from a RunConfig and run it.
+"""Assemble a simulated deployment (a fleet of racks) from a RunConfig and run it.
 
-Data flow: clients -> router -> prefill instance (chunked prefill, prefix cache) -> KV transfer
--> decode instance (DP ranks, continuous batching) -> clients. Every step and every request is
-recorded; inter-token latency goes into a histogram for the measurement window only.
+Data flow: clients -> global router (rack) -> rack router -> prefill instance (chunked prefill,
+prefix cache) -> global router (decode instance) -> KV transfer (NVLink in a rack, scale-out
+NICs between racks) -> decode instance (DP ranks, continuous batching) -> clients. Every step
+and every request is recorded; inter-token latency goes into one histogram per decode instance
+for the measurement window only.
 """
 
 from __future__ import annotations
@@ -15,17 +17,13 @@ from math import nan
 
 import simpy
 
-from rackSim.config.specs import RunConfig, kv_bytes_per_gpu
+from rackSim.config.specs import RunConfig
 from rackSim.engine.client import AgentClients, TraceClients
-from rackSim.engine.decode import DecodeInstance
-from rackSim.engine.kv_transfer import KvTransferChannel
-from rackSim.engine.prefill import PrefillInstance
-from rackSim.engine.prefix_cache import BlockCache, TieredPrefixCache
+from rackSim.engine.fleet import build_fleet
+from rackSim.engine.fleet_router import FleetRouter
 from rackSim.engine.request import Job
-from rackSim.engine.router import Router
 from rackSim.metrics.histogram import LatencyHistogram
 from rackSim.metrics.records import RequestRecord
-from rackSim.perf import build_step_model
 from rackSim.perf.step import StepBreakdown
 from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, SessionInstance
 from rackSim.workload.open_loop import OpenLoopSchedule
@@ -76,6 +74,13 @@ class SimOutput:
     events: int
     kv_bytes_moved: float
     notes: list[str] = field(default_factory=list)
+    kv_bytes_cross_rack: float = 0.0
+    #: the rack of every instance (step rows name instances)
+    instance_racks: dict[str, int] = field(default_factory=dict)
+    #: each decode instance's ITL histogram over the window (`itl` is their sum)
+    decode_itl: dict[str, LatencyHistogram] = field(default_factory=dict)
+    #: GPUs of each rack
+    rack_gpus: list[int] = field(default_factory=list)
 
 
 class Simulation:
@@ -87,42 +92,14 @@ class Simulation:
         self.env = env = CountingEnvironment()
         self.records: list[RequestRecord] = []
         self.steps: list[tuple] = []
-        self.itl = LatencyHistogram()
-        self._models: dict[str, object] = {}
         self._window_s = cfg.workload.replay.window_s
         self._kv_bytes_per_token = m.kv_bytes_per_token
-        block_bytes = BLOCK_TOKENS * m.kv_bytes_per_token
-
-        pg = d.prefill.gpus_per_instance
-        p_blocks = int(kv_bytes_per_gpu(cfg, pg) * pg / block_bytes)
-        host_blocks = int(cfg.hardware.host_mem_bytes_per_gpu * pg / block_bytes) \
-            if d.cache.host_offload else 0
-        self.prefills = []
-        for i in range(d.prefill.instances):
-            name = f"prefill-{i}"
-            model = self._models[name] = build_step_model(cfg, "prefill", seed=cfg.seed * 1000 + i)
-            self.prefills.append(PrefillInstance(
-                env, i, pg, d.prefill.max_num_batched_tokens, d.prefill.max_num_seqs,
-                TieredPrefixCache(p_blocks, host_blocks), model, m.kv_bytes_per_token,
-                on_prefilled=self._prefilled, on_step=self._on_step))
-        self.router = Router(d.router, self.prefills)
-
-        eff = d.kv_transfer.efficiency * cfg.hardware.nvlink_bw_bytes_s
-        ranks = d.decode.gpus if d.decode.parallelism == "DEP" else 1
-        self.transfer = KvTransferChannel(env, d.kv_transfer, eff * pg,
-                                          eff * d.decode.gpus / ranks, m.num_layers,
-                                          d.prefill.instances, ranks,
-                                          deliver=lambda job: self.decode.deliver(job))
-        d_blocks = int(kv_bytes_per_gpu(cfg, d.decode.gpus) * (d.decode.gpus / ranks)
-                       / block_bytes)
-        spec = d.decode.speculative
-        model = self._models["decode"] = build_step_model(cfg, "decode", seed=cfg.seed * 1000 + 999)
-        self.decode = DecodeInstance(
-            env, ranks, d.decode.max_num_seqs_per_rank, d.decode.kv_load_cap_per_step,
-            spec.accepted_tokens_per_step, spec.num_draft_tokens,
-            [BlockCache(d_blocks) for _ in range(ranks)], model, m.kv_bytes_per_token,
-            self.transfer.read_stall_ms if d.kv_transfer.mode == "pull" else None,
-            self.itl, self._in_window, cfg.trace_tokens, self._on_step)
+        fleet = build_fleet(cfg, env, self._prefilled, self._on_step, self._in_window,
+                            deliver=lambda job: job.decode.deliver(job))
+        self.fleet, self.racks = fleet, fleet.racks
+        self.prefills, self.decodes, self.transfer = fleet.prefills, fleet.decodes, fleet.transfer
+        self._models = fleet.models
+        self.router = FleetRouter(d.fleet_router, fleet.racks, fleet.decodes)
         replay = cfg.workload.replay
         if cfg.workload.timestamped:
             ol = cfg.workload.open_loop
@@ -137,29 +114,37 @@ class Simulation:
 
     # -- wiring ----------------------------------------------------------------------------
     def _submit(self, job: Job) -> None:
-        instance, uncached = self.router.route(job)
-        instance.submit(job, uncached)
+        self.router.route(job)
 
     def _prefilled(self, job: Job) -> None:
-        rank, hit_blocks = self.decode.choose_rank(job)
+        self.router.prefilled(job)
+        _, rank, hit_blocks = self.router.place_decode(job)
         job.decode_rank = rank
         moved = max(0, job.prompt_tokens - hit_blocks * BLOCK_TOKENS)
         self.transfer.send(job, moved * self._kv_bytes_per_token)
 
     def _warm(self, inst: SessionInstance, spec: RequestSpec) -> None:
         """Primer: make a lane's active prefix resident (no compute is simulated: equivalent
-        to a perfectly primed cache). Lanes are spread over prefill instances and decode ranks
-        so that the primed state is balanced; affinity routing then follows the prefixes."""
+        to a perfectly primed cache). Lanes are spread over the entry racks, then over each
+        rack's prefill instances, decode instances and decode ranks, so that the primed state
+        is balanced; affinity routing then follows the prefixes."""
         rec = RequestRecord(session_id=inst.graph.session_id, rid=spec.rid, lane=inst.lane,
                             session_key=inst.key_base, agent=spec.agent, send_s=0.0,
                             prompt_tokens=spec.prompt_tokens,
                             phase="primer")
         job = Job(spec=spec, inst=inst, path=inst.prompt_path(spec.rid), rec=rec,
                   on_done=lambda _j: None, output_tokens=1, prompt_tokens=spec.prompt_tokens)
-        self.prefills[inst.lane % len(self.prefills)].cache.insert(job.path)
-        rank = inst.lane % self.decode.ranks
-        self.decode.caches[rank].insert(job.path)
-        self.decode._affinity[inst.key_base] = rank
+        entry = self.router.entry
+        rack = entry[inst.lane % len(entry)]
+        q = inst.lane // len(entry)
+        prefill = rack.prefills[q % len(rack.prefills)]
+        prefill.cache.insert(job.path)
+        decodes = rack.decodes or self.decodes
+        decode = decodes[q % len(decodes)]
+        rank = (q // len(decodes)) % decode.ranks
+        decode.caches[rank].insert(job.path)
+        decode._affinity[inst.key_base] = rank
+        self.router.home(inst.key_base, rack, prefill, decode)
 
     def _in_window(self, t: float) -> bool:
         start = self.phases.window_start_s
@@ -222,11 +207,16 @@ class Simulation:
         ws = self.phases.window_start_s
         ws = env.now if ws is None else ws
         we = min(ws + replay.window_s, env.now)
-        return SimOutput(requests=self.records, steps=self.steps, itl=self.itl,
+        decode_itl = {k: v for r in self.racks for k, v in r.itl.items()}
+        return SimOutput(requests=self.records, steps=self.steps,
+                         itl=LatencyHistogram.merged(decode_itl.values()),
                          window_start_s=ws, window_end_s=we,
                          num_gpus=self.cfg.deployment.num_gpus, partial=partial,
                          sim_s=env.now, wall_s=time.perf_counter() - t0,
-                         events=env.events_scheduled, kv_bytes_moved=self.transfer.bytes_moved)
+                         events=env.events_scheduled, kv_bytes_moved=self.transfer.bytes_moved,
+                         kv_bytes_cross_rack=self.transfer.bytes_cross_rack,
+                         instance_racks=self.fleet.instance_racks, decode_itl=decode_itl,
+                         rack_gpus=[r.gpus for r in self.racks])
 
 
 def _progress_bar(enabled: bool, total_s: float):

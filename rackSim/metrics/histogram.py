@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from operator import add
 
 import numpy as np
 
@@ -26,6 +28,15 @@ class LatencyHistogram:
         if ms <= self.lo:
             return 0
         return min(int((math.log(ms) - self._log_lo) / self.log_step), self.n - 1)
+
+    @classmethod
+    def merged(cls, hists: Iterable[LatencyHistogram]) -> LatencyHistogram:
+        """One histogram holding the weights of `hists` (same bins), e.g. a fleet's from its
+        decode instances'."""
+        out = cls()
+        for h in hists:
+            out._w = list(map(add, out._w, h._w))
+        return out
 
     @property
     def weights(self) -> np.ndarray:

@@ -12,6 +12,11 @@ Definitions (all over the measurement window [t0, t1), W = t1 - t0 seconds, G GP
   in the window. TTFT = first token - send, over requests sent in the window.
 - revenue per GPU-hour = token mix priced per 1M tokens / (G x W / 3600); margin = revenue -
   cost (the price of a GPU-hour).
+
+Fleets (simulated runs given a `FleetLayout`): the same definitions per rack and per instance.
+A rack is credited the input tokens of the requests it prefilled and the output tokens of the
+requests it decoded, over its own GPUs, so the racks' tokens add up to the fleet's; its
+interactivity comes from its decode instances' ITL histograms.
 """
 
 from __future__ import annotations
@@ -38,13 +43,26 @@ SUMMARY_KEYS = (
 
 @dataclass
 class Result:
-    """Summary numbers (JSON-ready) plus tidy tables: one row per request and per step."""
+    """Summary numbers (JSON-ready) plus tidy tables: one row per request, per step, and (for
+    simulated fleets) per rack and per instance."""
 
     summary: dict[str, float | int | str | bool]
     requests: pd.DataFrame
     steps: pd.DataFrame
     timeseries: pd.DataFrame
     itl: LatencyHistogram = field(repr=False)
+    racks: pd.DataFrame = field(default_factory=pd.DataFrame)
+    instances: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+
+@dataclass
+class FleetLayout:
+    """Where a simulated fleet's instances sit: the rack of every instance (by step-row name),
+    each rack's GPUs, and each decode instance's ITL histogram over the window."""
+
+    instance_racks: dict[str, int]
+    rack_gpus: list[int]
+    decode_itl: dict[str, LatencyHistogram]
 
 
 def requests_frame(records: list[RequestRecord]) -> pd.DataFrame:
@@ -129,10 +147,74 @@ def timeseries(df: pd.DataFrame, t0: float, t1: float, num_gpus: int,
     return pd.DataFrame(rows)
 
 
+def _interactivity(itl: LatencyHistogram) -> float:
+    p90 = itl.percentile(90)
+    return 1e3 / p90 if p90 and not math.isnan(p90) else math.nan
+
+
+def _pct(s: pd.Series, q: float) -> float:
+    s = s.dropna()
+    return float(np.percentile(s, q)) if len(s) else math.nan
+
+
+def fleet_tables(df: pd.DataFrame, steps: pd.DataFrame, layout: FleetLayout, t0: float,
+                 t1: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per-rack and per-instance tables of a simulated fleet over the window [t0, t1).
+
+    racks: GPUs, requests prefilled and decoded (sent in the window), tokens/s/GPU (input credited to the
+    prefill rack, output to the decode rack), TTFT P90, interactivity, cache hit rate, share of
+    its prefilled requests decoded in another rack, sessions moved here (spill or prefix).
+    instances: role, rack, steps and busy share in the window, mean step, requests, and for
+    decode instances their ITL P90 and interactivity."""
+    window = max(t1 - t0, 1e-9)
+    first = df["first_token_s"]
+    in_win = (first >= t0) & (first < t1)
+    sent = df[(df["send_s"] >= t0) & (df["send_s"] < t1) & (df["phase"] != "primer")]
+    by_rack_itl: dict[int, list[LatencyHistogram]] = {}
+    for name, h in layout.decode_itl.items():
+        by_rack_itl.setdefault(layout.instance_racks[name], []).append(h)
+    rows = []
+    for k, gpus in enumerate(layout.rack_gpus):
+        pre, dec = df["prefill_rack"] == k, df["decode_rack"] == k
+        inputs = float(df.loc[in_win & pre, ["cached_tokens", "uncached_tokens"]].sum().sum())
+        output = _output_in_window(_emitting(df[dec]), t0, t1)
+        mine = sent[sent["prefill_rack"] == k]
+        prompt = float(mine["prompt_tokens"].sum())
+        rows.append({
+            "rack": k, "gpus": gpus, "requests": len(mine),
+            "requests_decoded": int((sent["decode_rack"] == k).sum()),
+            "throughput_tok_s_gpu": (inputs + output) / (gpus * window) if gpus else math.nan,
+            "output_tok_s_gpu": output / (gpus * window) if gpus else math.nan,
+            "ttft_p90_ms": _pct(mine["ttft_ms"], 90),
+            "interactivity_tok_s": _interactivity(
+                LatencyHistogram.merged(by_rack_itl.get(k, []))),
+            "cache_hit_rate": float(mine["cached_tokens"].sum()) / prompt if prompt else math.nan,
+            "decoded_elsewhere_share": float((mine["decode_rack"] != k).mean())
+            if len(mine) else math.nan,
+            "sessions_moved_in": int(mine["route"].str.match("spill|prefix_moved").sum()),
+        })
+    win_steps = steps[(steps["start_s"] >= t0) & (steps["start_s"] < t1)]
+    inst = []
+    for name, g in win_steps.groupby("instance", sort=False):
+        decode = name in layout.decode_itl
+        index = int(name.rpartition("-")[2]) if "-" in name else 0  # "decode" is the only one
+        n = int((sent["decode_instance" if decode else "prefill_instance"] == index).sum())
+        row = {"instance": name, "role": "decode" if decode else "prefill",
+               "rack": layout.instance_racks[name], "steps": len(g),
+               "busy_share": float(g["duration_ms"].sum()) / 1e3 / window,
+               "step_ms_mean": float(g["duration_ms"].mean()), "requests": n}
+        if decode:
+            h = layout.decode_itl[name]
+            row.update(itl_p90_ms=h.percentile(90), interactivity_tok_s=_interactivity(h))
+        inst.append(row)
+    return pd.DataFrame(rows), pd.DataFrame(inst)
+
+
 def summarize(records: list[RequestRecord], step_rows: list[tuple], itl: LatencyHistogram | None,
               t0: float, t1: float, num_gpus: int, pricing: PricingSpec,
-              extra: dict | None = None) -> Result:
-    """Metrics of a run (simulated or measured) over the window [t0, t1)."""
+              extra: dict | None = None, fleet: FleetLayout | None = None) -> Result:
+    """Metrics of a run (simulated or measured) over the window [t0, t1); with `fleet`, also
+    per rack and per instance (`fleet_tables`; step rows join the instance table by name)."""
     df = requests_frame(records)
     steps = steps_frame(step_rows)
     window = max(t1 - t0, 1e-9)
@@ -153,20 +235,16 @@ def summarize(records: list[RequestRecord], step_rows: list[tuple], itl: Latency
     revenue_h = revenue_usd / (gpu_s / 3600.0)
     prompt = cached + uncached
 
-    def pct(s: pd.Series, q: float) -> float:
-        s = s.dropna()
-        return float(np.percentile(s, q)) if len(s) else math.nan
-
     summary = {
         "throughput_tok_s_gpu": (cached + uncached + output) / gpu_s,
         "cached_input_tok_s_gpu": cached / gpu_s,
         "uncached_input_tok_s_gpu": uncached / gpu_s,
         "output_tok_s_gpu": output / gpu_s,
-        "interactivity_tok_s": 1e3 / p90 if p90 and not math.isnan(p90) else math.nan,
+        "interactivity_tok_s": _interactivity(itl),
         "itl_p50_ms": itl.percentile(50), "itl_p90_ms": p90, "itl_p99_ms": itl.percentile(99),
-        "tpot_p50_ms": pct(done["tpot_ms"], 50), "tpot_p90_ms": pct(done["tpot_ms"], 90),
-        "ttft_p50_ms": pct(done["ttft_ms"], 50), "ttft_p90_ms": pct(done["ttft_ms"], 90),
-        "ttft_p99_ms": pct(done["ttft_ms"], 99),
+        "tpot_p50_ms": _pct(done["tpot_ms"], 50), "tpot_p90_ms": _pct(done["tpot_ms"], 90),
+        "ttft_p50_ms": _pct(done["ttft_ms"], 50), "ttft_p90_ms": _pct(done["ttft_ms"], 90),
+        "ttft_p99_ms": _pct(done["ttft_ms"], 99),
         "revenue_usd_gpu_h": revenue_h, "cost_usd_gpu_h": pricing.gpu_hour_usd,
         "margin_usd_gpu_h": revenue_h - pricing.gpu_hour_usd,
         "cache_hit_rate": cached / prompt if prompt else math.nan,
@@ -175,6 +253,13 @@ def summarize(records: list[RequestRecord], step_rows: list[tuple], itl: Latency
         "requests_in_flight": int((sent["finish_s"].isna() & sent["error"].isna()).sum()),
         "window_s": window, "num_gpus": num_gpus,
     }
+    racks = instances = pd.DataFrame()
+    if fleet is not None:
+        racks, instances = fleet_tables(df, steps, fleet, t0, t1)
+        summary["racks"] = len(fleet.rack_gpus)
+        summary["decoded_elsewhere_share"] = float(
+            (sent["decode_rack"] != sent["prefill_rack"]).mean()) if len(sent) else math.nan
     summary.update(extra or {})
     return Result(summary=summary, requests=df, steps=steps,
-                  timeseries=timeseries(df, t0, t1, num_gpus), itl=itl)
+                  timeseries=timeseries(df, t0, t1, num_gpus), itl=itl, racks=racks,
+                  instances=instances)

@@ -44,6 +44,11 @@ def write_result(result: Result, out: Path) -> dict[str, Path]:
     nz = result.itl.weights > 0
     pd.DataFrame({"lo_ms": edges[:-1][nz], "hi_ms": edges[1:][nz],
                   "tokens": result.itl.weights[nz]}).to_csv(paths["itl_histogram"], index=False)
+    for name in ("racks", "instances"):  # simulated fleets: per rack and per instance
+        table = getattr(result, name)
+        if len(table):
+            paths[name] = out / f"{name}.csv"
+            table.to_csv(paths[name], index=False)
     marker = out / PARTIAL_MARKER
     if result.summary.get("partial"):
         marker.write_text("This run was interrupted: its results cover only part of the "

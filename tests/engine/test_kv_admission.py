@@ -52,14 +52,14 @@ def test_push_stalls_nothing_and_hands_each_ranks_admissions_to_the_step_model(s
     cfg = _busy(smoke_cfg)
     sim = _sim(cfg)
     seen = []
-    price = sim.decode.model.decode_step
+    price = sim.decodes[0].model.decode_step
 
     def record(batch):
         seen.append((batch.new_loads, batch.admitted_prompt_tokens,
                      tuple(batch.rank_admissions)))
         return price(batch)
 
-    sim.decode.model.decode_step = record
+    sim.decodes[0].model.decode_step = record
     out = sim.run(progress=False)
     assert all(row[-1] == 0.0 for row in out.steps if row[0] == "decode")
     admitting = [s for s in seen if s[0]]

@@ -1,0 +1,165 @@
+"""The racks of a fleet: each a set of prefill and decode instances in one NVLink domain group.
+
+`build_fleet` lays out every rack of every rack group (`DeploymentSpec.rack_groups`) in order:
+prefill instances and decode instances are numbered across the fleet (records and step rows
+use those numbers), decode ranks too (the KV channel's links). One rack with one decode
+instance keeps the names and seeds it had before fleets (`prefill-<i>`, `decode`), so the
+reference run is unchanged.
+
+A rack here is the disaggregated layout (prefill instances + decode instances). A layout
+without P/D disaggregation would give a rack colocated instances instead and route requests
+to them directly; `Rack.prefills` / `Rack.decodes` are where such a rack differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+import simpy
+
+from rackSim.config.specs import RackGroupSpec, RunConfig, kv_bytes_per_gpu
+from rackSim.engine.decode import DecodeInstance
+from rackSim.engine.kv_transfer import KvTransferChannel, LinkEnd
+from rackSim.engine.prefill import PrefillInstance
+from rackSim.engine.prefix_cache import BlockCache, TieredPrefixCache
+from rackSim.engine.router import Router
+from rackSim.metrics.histogram import LatencyHistogram
+from rackSim.perf import build_step_model
+from rackSim.perf.kv_transfer import scaleout_bandwidth_bytes_s
+from rackSim.workload.graph import BLOCK_TOKENS
+
+
+@dataclass
+class Rack:
+    """One rack: its prefill instances behind the in-rack router, and its decode instances.
+
+    `work` is the prefill work the global router has sent here and not yet seen prefilled
+    (uncached tokens, as estimated when routed); `work_per_gpu` divides it by the rack's
+    prefill GPUs, the load the global router compares across racks."""
+
+    index: int
+    group: str
+    prefills: list[PrefillInstance]
+    decodes: list[DecodeInstance]
+    router: Router | None
+    prefill_gpus: int
+    gpus: int
+    work: float = 0.0
+    #: decode instances' ITL histograms, by instance name
+    itl: dict[str, LatencyHistogram] = field(default_factory=dict)
+
+    @property
+    def work_per_gpu(self) -> float:
+        return self.work / self.prefill_gpus if self.prefill_gpus else float("inf")
+
+
+@dataclass
+class Fleet:
+    racks: list[Rack]
+    prefills: list[PrefillInstance]
+    decodes: list[DecodeInstance]
+    transfer: KvTransferChannel
+    #: step models by instance name (the step rows read EPLB balancedness from them)
+    models: dict[str, object]
+    #: the rack of every instance, by name
+    instance_racks: dict[str, int]
+
+
+class _Seeds:
+    """Step-model seeds: prefill i gets seed*1000 + i and decode j seed*1000 + 999 - j (the
+    one-rack values; distinct while the fleet has at most 1000 instances)."""
+
+    def __init__(self, seed: int):
+        self.base = seed * 1000
+
+    def prefill(self, i: int) -> int:
+        return self.base + i
+
+    def decode(self, j: int) -> int:
+        return self.base + 999 - j
+
+
+def build_fleet(cfg: RunConfig, env: simpy.Environment,
+                on_prefilled: Callable, on_step: Callable, in_window: Callable[[float], bool],
+                deliver: Callable) -> Fleet:
+    """Every rack of `cfg.deployment`, wired to the simulation's callbacks."""
+    d, m, hw = cfg.deployment, cfg.model, cfg.hardware
+    groups = d.rack_groups
+    one_decode = d.num_racks == 1 and groups[0].decode.instances == 1
+    seeds = _Seeds(cfg.seed)
+    block_bytes = BLOCK_TOKENS * m.kv_bytes_per_token
+    eff = d.kv_transfer.efficiency * hw.nvlink_bw_bytes_s
+    nic = hw.nic_bw_bytes_s or 0.0
+    models: dict[str, object] = {}
+    instance_racks: dict[str, int] = {}
+    racks: list[Rack] = []
+    prefills: list[PrefillInstance] = []
+    decodes: list[DecodeInstance] = []
+    out_ends: list[LinkEnd] = []
+    in_ends: list[LinkEnd] = []
+    pull_links: list[tuple[DecodeInstance, float, float]] = []
+    for g in groups:
+        gcfg = cfg.for_group(g) if d.groups else cfg
+        pg = g.prefill.gpus_per_instance
+        dec, ranks = g.decode, (g.decode.gpus if g.decode.parallelism == "DEP" else 1)
+        per_rank = dec.gpus // ranks
+        d_blocks = int(kv_bytes_per_gpu(gcfg, dec.gpus) * (dec.gpus / ranks) / block_bytes)
+        for _ in range(g.racks):
+            k = len(racks)
+            rack_prefills = _prefills(gcfg, g, env, len(prefills), seeds, block_bytes, models,
+                                      on_prefilled, on_step)
+            for p in rack_prefills:
+                out_ends.append(LinkEnd(k, pg, eff * pg))
+                instance_racks[p.name] = k
+            rack = Rack(k, g.name, rack_prefills, [],
+                        Router(d.router, rack_prefills) if rack_prefills else None,
+                        g.prefill.instances * pg, g.gpus_per_rack)
+            for _ in range(dec.instances):
+                j = len(decodes)
+                name = "decode" if one_decode else f"decode-{j}"
+                itl = rack.itl[name] = LatencyHistogram()
+                models[name] = model = build_step_model(gcfg, "decode", seed=seeds.decode(j))
+                inst = DecodeInstance(
+                    env, ranks, dec.max_num_seqs_per_rank, dec.kv_load_cap_per_step,
+                    dec.speculative.accepted_tokens_per_step, dec.speculative.num_draft_tokens,
+                    [BlockCache(d_blocks) for _ in range(ranks)], model, m.kv_bytes_per_token,
+                    None, itl, in_window, cfg.trace_tokens, on_step, name=name, index=j,
+                    rack=k, rank_offset=len(in_ends))
+                in_ends.extend(LinkEnd(k, per_rank, eff * dec.gpus / ranks)
+                               for _ in range(ranks))
+                pull_links.append((inst, min(eff * pg, eff * dec.gpus / ranks),
+                                   scaleout_bandwidth_bytes_s(nic, pg, per_rank,
+                                                              d.kv_transfer.efficiency)))
+                rack.decodes.append(inst)
+                decodes.append(inst)
+                instance_racks[name] = k
+            racks.append(rack)
+            prefills.extend(rack_prefills)
+    transfer = KvTransferChannel(env, d.kv_transfer, m.num_layers, out_ends, in_ends, nic,
+                                 (hw.nic_latency_us or 0.0) / 1e3, deliver)
+    if d.kv_transfer.mode == "pull":
+        for inst, local_bw, remote_bw in pull_links:
+            inst.read_stall_ms = partial(transfer.read_stall_ms, local_bytes_s=local_bw,
+                                         remote_bytes_s=remote_bw)
+    return Fleet(racks, prefills, decodes, transfer, models, instance_racks)
+
+
+def _prefills(cfg: RunConfig, g: RackGroupSpec, env: simpy.Environment, first: int,
+              seeds: _Seeds, block_bytes: float, models: dict[str, object],
+              on_prefilled: Callable, on_step: Callable) -> list[PrefillInstance]:
+    """The prefill instances of one rack, numbered from `first` across the fleet."""
+    d, m = cfg.deployment, cfg.model
+    pg = g.prefill.gpus_per_instance
+    p_blocks = int(kv_bytes_per_gpu(cfg, pg) * pg / block_bytes)
+    host_blocks = int(cfg.hardware.host_mem_bytes_per_gpu * pg / block_bytes) \
+        if d.cache.host_offload else 0
+    out = []
+    for i in range(first, first + g.prefill.instances):
+        model = models[f"prefill-{i}"] = build_step_model(cfg, "prefill", seed=seeds.prefill(i))
+        out.append(PrefillInstance(
+            env, i, pg, g.prefill.max_num_batched_tokens, g.prefill.max_num_seqs,
+            TieredPrefixCache(p_blocks, host_blocks), model, m.kv_bytes_per_token,
+            on_prefilled=on_prefilled, on_step=on_step))
+    return out
