@@ -161,9 +161,10 @@ def fleet_tables(df: pd.DataFrame, steps: pd.DataFrame, layout: FleetLayout, t0:
                  t1: float) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per-rack and per-instance tables of a simulated fleet over the window [t0, t1).
 
-    racks: GPUs, requests prefilled and decoded (sent in the window), tokens/s/GPU (input credited to the
-    prefill rack, output to the decode rack), TTFT P90, interactivity, cache hit rate, share of
-    its prefilled requests decoded in another rack, sessions moved here (spill or prefix).
+    racks: GPUs, requests prefilled and decoded (sent in the window), tokens/s/GPU (input
+    credited to the prefill rack, output to the decode rack), TTFT P90, interactivity, cache
+    hit rate, share of its prefilled requests decoded in another rack, sessions moved here
+    (spill or prefix).
     instances: role, rack, steps and busy share in the window, mean step, requests, and for
     decode instances their ITL P90 and interactivity."""
     window = max(t1 - t0, 1e-9)
