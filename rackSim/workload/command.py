@@ -2,7 +2,8 @@
 
 Prints a short table, writes `summary.json`, `requests.csv` and `workload.png` to `--out`,
 and can save the session graphs as JSONL. `racksim-workload import LOGS --out pool.jsonl`
-turns agent session logs into an anonymised session-graph pool (docs/agent_logs.md).
+turns agent session logs into an anonymised session-graph pool, `racksim-workload fit
+pool.jsonl` fits the AgentX generator to a pool (docs/agent_logs.md).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
 from rackSim.workload.agentx import AgentXSpec
@@ -161,10 +163,74 @@ def import_main(argv: list[str]) -> int:
     return 0
 
 
+def _fit_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="racksim-workload fit",
+                                description="maximum-likelihood AgentX parameters of a pool, "
+                                            "a workload YAML and a goodness-of-fit report")
+    p.add_argument("pool", type=Path, help="a racksim-workload JSONL pool")
+    p.add_argument("--out", type=Path, help="report directory (default: POOL_fit/ beside it)")
+    p.add_argument("--yaml", type=Path,
+                   help="the fitted workload YAML (default: OUT/fitted_<pool>.yaml)")
+    p.add_argument("--base", type=Path, default=Path("scenarios/workload/agentx.yaml"),
+                   help="workload scenario whose agentx values stand where the pool cannot "
+                        "fit them and whose replay policy is kept")
+    p.add_argument("--confidence", type=float, default=0.95, help="CI level (default 0.95)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the comparison sessions")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNGs")
+    return p
+
+
+def fit_main(argv: list[str]) -> int:
+    """`racksim-workload fit`: exit 0, or 2 with the reason on stderr."""
+    from rackSim.config.specs import resolve_path
+    from rackSim.workload import fit_report as rep
+    from rackSim.workload.generator_fit import fit_generator
+    from rackSim.workload.jsonl import load_jsonl
+
+    args = _fit_parser().parse_args(argv)
+    try:
+        if not 0 < args.confidence < 1:
+            raise ValueError(f"--confidence {args.confidence}: pick a level in (0, 1)")
+        graphs = load_jsonl(args.pool)
+        base_path = resolve_path(args.base)
+        if base_path is None:
+            raise ValueError(f"--base: no such file {args.base}")
+        w = yaml.safe_load(base_path.read_text()) or {}
+        base = AgentXSpec.model_validate(w.get("agentx") or {})
+        fit = fit_generator(graphs, base, args.confidence)
+    except (OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = args.out or args.pool.with_name(args.pool.stem + "_fit")
+    out.mkdir(parents=True, exist_ok=True)
+    path = args.yaml or out / f"fitted_{args.pool.stem}.yaml"
+    rep.write_workload_yaml(fit, args.pool.name, w.get("replay") or {}, path, args.confidence)
+    params = pd.DataFrame([vars(p) for p in fit.params])
+    params.to_csv(out / "fit_params.csv", index=False)
+    generated = rep.generated_pool(fit, args.seed)
+    gof = rep.goodness_of_fit(fit, generated, base)
+    gof.to_csv(out / "goodness_of_fit.csv", index=False)
+    reuse, growth = rep.curves(graphs, generated)
+    reuse.to_csv(out / "reuse_curve.csv", index=False)
+    growth.to_csv(out / "context_growth.csv", index=False)
+    if not args.no_plot:
+        rep.plot_qq(fit, generated, base, gof, out / "qq.png")
+        rep.plot_curves(reuse, growth, out / "curves.png")
+    with pd.option_context("display.width", 120, "display.float_format", "{:.4g}".format):
+        print(params.to_string(index=False))
+        print(gof.to_string(index=False))
+    for q, why in fit.held.items():
+        print(f"not fitted, base value kept: {q} ({why})")
+    print(f"wrote {path} and the report in {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["import"]:
         return import_main(argv[1:])
+    if argv[:1] == ["fit"]:
+        return fit_main(argv[1:])
     args = _parser().parse_args(argv)
     graphs, label = load_source(args)
     timing = NominalTiming(args.ttft_s, args.tpot_s, args.concurrency, args.speedup)
