@@ -449,10 +449,10 @@ class ReplayDriver:
         if self._log_range is not None:
             from rackSim.validate.ingest import server_args_from_log
 
-            path, (a, b) = self.s.server_log, self._log_range
+            log, (a, b) = self.s.server_log, self._log_range
             meta.setdefault("server_log", []).append(
-                {"path": str(path.resolve()), "start_byte": a, "end_byte": b})
-            meta["scheduler"] = server_args_from_log(path, a)
+                {"path": str(log.resolve()), "start_byte": a, "end_byte": b})
+            meta["scheduler"] = server_args_from_log(log, a)
         meta["segments"].append({"start_s": seg_start, "end_s": self.now(), "sent": self.sent,
                                  "failed": self.failed, "skipped": self.skipped,
                                  "stop_reason": self.stop_reason or "window",
