@@ -57,7 +57,7 @@ def families(screened: pd.DataFrame, rejected: list[Rejected],
     cheapest = plans["fleet_usd_h"].min() if len(plans) else float("nan")
     for (hw, fam), g in screened.groupby(["hardware", "family_key"], sort=False):
         best = ranked(g).iloc[0]
-        if (hw, fam) in chosen_keys:
+        if (hw, fam) in chosen_keys and best["feasible"]:
             why = "chosen"
         elif best["feasible"]:
             why = (f"meets the SLOs but costs more: ${best['fleet_usd_h']:,.0f}/h "

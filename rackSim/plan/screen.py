@@ -11,7 +11,7 @@ balances, found by bisection (vectorised over all candidates):
 * prefill (M/G/1 per instance, FCFS, session affinity): each request brings `u` uncached
   tokens, an instance computes mu tokens/s at a full budget, so ``rho = lambda_p E[u] / mu``
   and the Pollaczek-Khinchine wait is ``W = lambda_p E[u^2] / mu^2 / (2 (1 - rho))``, with the
-  usual exponential tail ``P(wait > t) = rho exp(-rho t / W)`` for its P50 / P90;
+  usual exponential tail for its P50 / P90 (rackSim.plan.queueing);
 * TTFT = wait + the request's own chunks + KV push + half a decode step (the step in
   progress) + the first decode step; TPOT = T(n) / accepted tokens per step;
 * closed loop (Little over the agents): ``agents = lambda_s x session duration(TTFT, TPOT)``
@@ -34,12 +34,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from pydantic import ValidationError
-from scipy.stats import poisson
 
 from rackSim.config import with_changes
 from rackSim.config.specs import HardwareSpec, RunConfig
 from rackSim.plan.demand import DemandProfile
 from rackSim.plan.layout import RackLayout, rack_layouts
+from rackSim.plan.queueing import mg1_wait_s, occupancy_quantile, wait_quantile_s
 from rackSim.plan.spec import PlanSpec
 from rackSim.plan.speeds import DecodeSpeed, PrefillSpeed, decode_speed
 
@@ -144,10 +144,8 @@ class Screen:
         lam = df["decode_instances"].to_numpy() * n * ranks / (d.decode_steps_mean * t_ms / 1e3)
         lam_p = lam / df["prefill_instances"].to_numpy()
         mu = df["prefill_mu_tok_s"].to_numpy()
-        rho = lam_p * df["uncached_mean"].to_numpy() / mu
-        with np.errstate(divide="ignore", invalid="ignore"):
-            wait = np.where(rho < 1, lam_p * df["uncached_sq_mean"].to_numpy() / mu ** 2
-                            / (2 * (1 - rho)), np.inf)
+        rho, wait = mg1_wait_s(lam_p, df["uncached_mean"].to_numpy() / mu,
+                               df["uncached_sq_mean"].to_numpy() / mu ** 2)
         ttft = (wait + df["own_mean_s"].to_numpy() + df["push_mean_s"].to_numpy()
                 + 1.5 * t_ms / 1e3)
         tpot = t_ms / df["accepted"].to_numpy() / 1e3
@@ -190,13 +188,10 @@ class Screen:
             extra = np.where(saturated, np.inf if open_loop else np.maximum(
                 (agents / p["lam_s"] - p["session_s"]) / d.session_n_ttft, 0.0), 0.0)
         rho, wait = p["rho"], p["wait"]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            tail = np.where(rho > 0, wait / rho, 0.0)
-            w90 = np.where(rho > 0.1, tail * np.log(np.maximum(rho, 0.1) / 0.1), 0.0)
-            w50 = np.where(rho > 0.5, tail * np.log(np.maximum(rho, 0.5) / 0.5), 0.0)
+        w90, w50 = wait_quantile_s(wait, rho, 0.9), wait_quantile_s(wait, rho, 0.5)
         occupancy = n * df["decode_ranks"].to_numpy()
-        n90 = np.minimum(poisson.ppf(0.9, np.maximum(occupancy, 1e-9))
-                         / df["decode_ranks"].to_numpy(), df["decode_max_per_rank"].to_numpy())
+        n90 = np.minimum(occupancy_quantile(occupancy, 0.9) / df["decode_ranks"].to_numpy(),
+                         df["decode_max_per_rank"].to_numpy())
         t90 = self._step_ms(df, np.maximum(n90, n))
         half_step = 1.5 * p["t_ms"] / 1e3
         out = df.copy()

@@ -1,0 +1,89 @@
+"""Bad planning questions are refused before anything runs, naming the field; a demand no fleet
+within the limits can serve gets the best found and the SLO it misses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from plan_support import SMALL, compose_plan, compose_tree
+
+from rackSim.plan.command import run_plan, scenario_overrides, write_plan
+from rackSim.plan.inputs import PlanError
+
+
+@pytest.mark.parametrize("override, field, says", [
+    ("plan.hardware=[{name: gb300_nvl72, rental_usd_per_gpu_hour: -1}]",
+     "plan.hardware[0].rental_usd_per_gpu_hour", "greater than or equal to 0"),
+    ("plan.hardware=[{name: gb300_nvl72, capex_usd_per_gpu: -5, years: 4, "
+     "power_usd_per_kwh: 0.1}]", "plan.hardware[0].capex_usd_per_gpu",
+     "greater than or equal to 0"),
+    ("plan.hardware=[{name: gb300_nvl72, capex_usd_per_gpu: 50000}]", "plan.hardware[0]",
+     "needs a price"),
+    ("plan.hardware=[{name: h100_nvl9000, rental_usd_per_gpu_hour: 2}]",
+     "plan.hardware[0].name", "unknown hardware 'h100_nvl9000'"),
+    ("plan.hardware=[{name: gb300_nvl72, rental_usd_per_gpu_hour: 5}, "
+     "{name: gb300_nvl72, rental_usd_per_gpu_hour: 4}]", "plan.hardware", "listed twice"),
+    ("+plan.slo.ttft_p50_s_max=5.0", "plan.slo", "contradicts P50 <= P90"),
+    ("+plan.slo.itl_p90_ms_max=2.0", "plan.slo", "give one of them"),
+    ("plan.slo.ttft_p90_s_max=-1", "plan.slo.ttft_p90_s_max", "greater than 0"),
+    ("+plan.demand.sessions_per_hour=100", "plan.demand", "exactly one of agents"),
+    ("plan.space.decode_instances=[1,2]", "plan", "confirm.fleet: true"),
+    ("plan.limits.max_racks=0", "plan.limits.max_racks", "greater than 0"),
+    ("+plan.budget=3", "plan.budget", "unknown key"),
+])
+def test_bad_plans_name_the_field(override, field, says):
+    with pytest.raises(PlanError) as err:
+        compose_plan(["plan=agentx_reference", override])
+    line = next(x for x in str(err.value).splitlines() if x.strip().startswith(field))
+    assert says in line
+
+
+def test_no_plan_chosen_says_how_to_pick_one():
+    with pytest.raises(PlanError, match="plan=agentx_reference"):
+        from rackSim.plan.inputs import load_plan_inputs
+
+        load_plan_inputs(compose_tree([]))
+
+
+def test_cli_refuses_before_running(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-c", "from rackSim.cli import plan; plan()", "plan=agentx_reference",
+         "plan.hardware=[{name: gb300_nvl72, rental_usd_per_gpu_hour: -1}]",
+         f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "plan.hardware[0].rental_usd_per_gpu_hour" in run.stderr
+    assert not (tmp_path / "plan.html").exists() and not (tmp_path / "candidates").exists()
+
+
+def test_unservable_demand_gets_the_best_found_and_the_missed_slo(tmp_path):
+    inputs = compose_plan(SMALL + ["plan.demand.agents=5000", "plan.limits.max_racks=1",
+                                   "plan.confirm.top_k=0"])
+    result = run_plan(inputs, tmp_path)
+    assert not result.met and len(result.plans) == inputs.plan.plans
+    best = result.plans.iloc[0]
+    assert not best["feasible"] and "TTFT P90" in best["verdict"]
+    # the best found is the one closest to the SLOs
+    assert best["headroom_min"] == pytest.approx(result.screened["headroom_min"].max())
+    page = write_plan(result, inputs, tmp_path).read_text()
+    assert 'id="missed"' in page and "TTFT P90" in page
+    table = pd.read_csv(tmp_path / "plan.csv")
+    assert table["status"].iloc[0] == "best found: misses"
+    assert table["misses"].iloc[0].startswith(best["verdict"][:20])
+
+
+def test_budget_limit_is_a_reason(tmp_path):
+    inputs = compose_plan(SMALL + ["plan.confirm.top_k=0", "plan.limits.max_usd_per_hour=100"])
+    result = run_plan(inputs, tmp_path)
+    assert not result.met
+    assert "over the $100/h budget" in result.plans.iloc[0]["verdict"]
+    assert result.families["why"].str.contains("budget").all()
+
+
+def test_only_scenario_overrides_reach_the_simulations():
+    assert scenario_overrides(["experiment=smoke", "plan=agentx_reference",
+                               "plan.demand.agents=4", "hardware=gb200_nvl72",
+                               "hydra.run.dir=x", "workload.num_sessions=8"]) == \
+        ["experiment=smoke", "workload.num_sessions=8"]

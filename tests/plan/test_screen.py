@@ -1,0 +1,138 @@
+"""The screen against hand calculations: prices, queueing bounds, demand statistics, and every
+screened candidate's operating point against the formulas it claims to solve."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rackSim.plan.demand import profile_demand
+from rackSim.plan.inputs import load_hardware
+from rackSim.plan.layout import rack_layouts
+from rackSim.plan.queueing import mg1_wait_s, occupancy_quantile, wait_quantile_s
+from rackSim.plan.screen import Screen
+from rackSim.plan.spec import HardwareOption, Space
+from rackSim.workload.graph import RequestSpec, SessionGraph
+from rackSim.workload.sources import load_sessions
+
+
+def test_prices_rental_and_capex_by_hand():
+    gb300 = load_hardware("gb300_nvl72")
+    assert HardwareOption(name="gb300_nvl72", rental_usd_per_gpu_hour=5.0
+                          ).usd_per_gpu_hour(gb300) == 5.0
+    capex = HardwareOption(name="gb300_nvl72", capex_usd_per_gpu=52_000, years=4,
+                           power_usd_per_kwh=0.09, pue=1.2)
+    # 52,000 / (4 x 8,760 h) = 1.4840 $/h; 1.4 kW x 1.2 x $0.09 = 0.1512 $/h
+    assert capex.usd_per_gpu_hour(gb300) == pytest.approx(1.48402 + 0.1512, abs=1e-4)
+
+
+def test_queueing_by_hand():
+    # lambda 2/s, E[S] 0.25 s, E[S^2] 0.125 s^2: rho 0.5, W = 2 x 0.125 / (2 x 0.5) = 0.25 s
+    rho, wait = mg1_wait_s(np.array([2.0]), np.array([0.25]), np.array([0.125]))
+    assert rho[0] == pytest.approx(0.5) and wait[0] == pytest.approx(0.25)
+    # P90 = W / rho x ln(rho / 0.1) = 0.5 x ln 5; the median waits not at all (rho <= 0.5)
+    assert wait_quantile_s(wait, rho, 0.9)[0] == pytest.approx(0.5 * math.log(5.0))
+    assert wait_quantile_s(wait, rho, 0.5)[0] == 0.0
+    _, over = mg1_wait_s(np.array([4.0]), np.array([0.25]), np.array([0.125]))
+    assert np.isinf(over[0])
+    # Poisson(10): P(N <= 13) = 0.864, P(N <= 14) = 0.917
+    assert occupancy_quantile(np.array([10.0]), 0.9)[0] == 14
+
+
+@settings(max_examples=60, deadline=None)
+@given(rho=st.floats(0.02, 0.99), wait=st.floats(1e-3, 100.0), q=st.floats(0.05, 0.99))
+def test_wait_quantile_has_the_stated_tail(rho, wait, q):
+    t = wait_quantile_s(np.array([wait]), np.array([rho]), q)[0]
+    if rho > 1 - q:  # P(wait > t_q) = rho exp(-rho t_q / W) = 1 - q
+        assert rho * math.exp(-rho * t / wait) == pytest.approx(1 - q, rel=1e-9)
+    else:
+        assert t == 0.0
+    assert wait_quantile_s(np.array([wait]), np.array([rho]), min(q + 0.005, 0.999))[0] >= t
+
+
+def _session() -> SessionGraph:
+    """Main chain r0 -> r1 -> r3 with a subagent r2 forked after r0 and joined by r3."""
+    return SessionGraph("s", (
+        RequestSpec(0, None, 0, 1000, 100),
+        RequestSpec(1, 0, 1100, 200, 50, after=(0,), delay_s=2.0),
+        RequestSpec(2, 0, 500, 300, 20, after=(0,), delay_s=1.0, agent=1),
+        RequestSpec(3, 1, 1350, 100, 10, after=(1, 2), delay_s=0.5),
+    ))
+
+
+def test_demand_profile_by_hand():
+    d = profile_demand([_session()], accepted_tokens_per_step=3.25, lanes=1)
+    assert d.requests_per_session == 4
+    assert d.prompt_mean == pytest.approx((1000 + 1300 + 800 + 1450) / 4)
+    # critical path r0 -> r1 -> r3: delays 2.0 + 0.5; 3 requests; outputs 100 + 50 + 10
+    # of which 3 are first tokens (TTFT), 157 come at TPOT
+    assert d.session_d0_s == pytest.approx(2.5)
+    assert d.session_n_ttft == pytest.approx(3.0)
+    assert d.session_n_tpot == pytest.approx(157.0)
+    assert d.session_s(0.2, 0.004) == pytest.approx(2.5 + 3 * 0.2 + 157 * 0.004)
+    # steps: 1 + ceil((out - 1) / 3.25) = 32, 17, 7, 4
+    assert d.decode_steps_mean == pytest.approx(15.0)
+    assert d.decode_context_mean == pytest.approx(
+        (32 * 1050 + 17 * 1325 + 7 * 810 + 4 * 1455) / 60)
+    no_cache, _, _ = d.uncached(0.0)
+    assert no_cache == pytest.approx(d.prompt_mean)
+    big, _, _ = d.uncached(1e9)
+    assert big < no_cache
+
+
+def test_rack_layouts_by_hand():
+    space = Space(prefill_gpus_per_instance=[2], prefill_instances_max=4, decode_gpus=[4, 8])
+    # an 8-GPU node: DEP4 decode leaves 4 GPUs = 1 or 2 DEP2 prefills; DEP8 leaves none
+    assert [lay.name for lay in rack_layouts(space, 8)] == ["P1xDEP2+DEP4", "P2xDEP2+DEP4"]
+    assert len(list(rack_layouts(space, 72))) == 4 + 4  # capped at 4 instances each
+
+
+@pytest.fixture(scope="module")
+def screened(small_inputs) -> tuple[pd.DataFrame, Screen]:
+    cfg = small_inputs.scenario
+    sessions = load_sessions(cfg.workload, cfg.seed)
+    demand = profile_demand(sessions, 3.25, lanes=small_inputs.plan.demand.agents)
+    screen = Screen(cfg, small_inputs.plan, small_inputs.hardware, demand)
+    return screen.run(), screen
+
+
+def test_every_candidate_sits_where_its_formulas_balance(screened):
+    df, screen = screened
+    d = screen.demand
+    assert len(df) == 2 * (3 + 3)  # 2 rack counts x (DEP4 and DEP8 decode x 1-3 prefills)
+    for _, r in df.iterrows():
+        lam = r["output_tok_s_gpu"] * r["gpus_per_rack_used"] / d.output_mean  # requests/s
+        speed = screen._decode[(r["hardware"], r["decode_gpus"])]
+        t_ms = speed.step_at(r["decode_per_rank"])
+        assert t_ms == pytest.approx(r["decode_step_ms"], rel=1e-12)
+        # Little at decode: requests in the instance = rate x steps x step time
+        assert r["decode_per_rank"] * speed.ranks == pytest.approx(
+            lam * d.decode_steps_mean * t_ms / 1e3, rel=1e-9)
+        # M/G/1 per prefill instance
+        lam_p, mu = lam / r["prefill_instances"], r["prefill_mu_tok_s"]
+        rho = lam_p * r["uncached_mean"] / mu
+        assert r["prefill_utilisation"] == pytest.approx(rho, rel=1e-9)
+        wait = lam_p * r["uncached_sq_mean"] / mu ** 2 / (2 * (1 - rho))
+        # closed loop: agents = session rate x session duration at these latencies
+        ttft = wait + r["own_mean_s"] + r["push_mean_s"] + 1.5 * t_ms / 1e3
+        session = d.session_s(ttft, t_ms / speed.accepted / 1e3)
+        assert lam / d.requests_per_session * session == pytest.approx(40 / r["racks"],
+                                                                       rel=1e-6)
+        # P90 interactivity at the P90 Poisson occupancy
+        n90 = occupancy_quantile(np.array([r["decode_per_rank"] * speed.ranks]), 0.9)[0]
+        assert r["interactivity_tok_s"] == pytest.approx(
+            3.25 / speed.step_at(max(n90 / speed.ranks, r["decode_per_rank"])) * 1e3, rel=1e-9)
+        assert r["fleet_usd_h"] == pytest.approx(r["racks"] * 72 * 5.0)
+
+
+def test_more_racks_never_serve_a_rack_worse(screened):
+    df, _ = screened
+    for _, g in df.sort_values("racks").groupby(["hardware", "layout"]):
+        assert (np.diff(g["ttft_p90_ms"].to_numpy()) <= 1e-9).all()
+        assert (np.diff(g["interactivity_tok_s"].to_numpy()) >= -1e-9).all()
+        assert (np.diff(g["fleet_usd_h"].to_numpy()) > 0).all()
