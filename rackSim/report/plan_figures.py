@@ -44,7 +44,8 @@ def pareto_png(screened: pd.DataFrame, plans: pd.DataFrame, slo_interactivity: f
         ax.scatter([px], [py], marker="*", s=180, c="gold", edgecolors="k", zorder=5,
                    label="plans (screen)" if i == 0 else None)
         ax.annotate(f"{p['racks']} x {p['layout']}", (px, py), textcoords="offset points",
-                    xytext=(6, 6), fontsize=8)
+                    xytext=(10, 10 + 12 * i), fontsize=8,
+                    arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.4"})
         dx, dy = p.get("des_interactivity_tok_s"), p.get("des_throughput_tok_s_gpu")
         if dx is not None and dy is not None and np.isfinite(dx) and np.isfinite(dy):
             ax.scatter([dx], [dy / 1e3], marker="o", s=60, facecolors="none",

@@ -101,6 +101,20 @@ def screened(small_inputs) -> tuple[pd.DataFrame, Screen]:
     return screen.run(), screen
 
 
+def hand_point(r: pd.Series, screen: Screen) -> tuple[float, float, float]:
+    """(requests/s, mean TTFT s, TPOT s) of a screened row, recomputed by hand from its
+    columns: M/G/1 wait per prefill instance + own chunks + KV push + 1.5 decode steps."""
+    d = screen.demand
+    lam = r["output_tok_s_gpu"] * r["gpus_per_rack_used"] / d.output_mean
+    speed = screen._decode[(r["hardware"], r["decode_gpus"])]
+    t_ms = speed.step_at(r["decode_per_rank"])
+    lam_p, mu = lam / r["prefill_instances"], r["prefill_mu_tok_s"]
+    rho = lam_p * r["uncached_mean"] / mu
+    wait = lam_p * r["uncached_sq_mean"] / mu ** 2 / (2 * (1 - rho))
+    ttft = wait + r["own_mean_s"] + r["push_mean_s"] + 1.5 * t_ms / 1e3
+    return lam, ttft, t_ms / speed.accepted / 1e3
+
+
 def test_every_candidate_sits_where_its_formulas_balance(screened):
     df, screen = screened
     d = screen.demand
@@ -117,12 +131,10 @@ def test_every_candidate_sits_where_its_formulas_balance(screened):
         lam_p, mu = lam / r["prefill_instances"], r["prefill_mu_tok_s"]
         rho = lam_p * r["uncached_mean"] / mu
         assert r["prefill_utilisation"] == pytest.approx(rho, rel=1e-9)
-        wait = lam_p * r["uncached_sq_mean"] / mu ** 2 / (2 * (1 - rho))
         # closed loop: agents = session rate x session duration at these latencies
-        ttft = wait + r["own_mean_s"] + r["push_mean_s"] + 1.5 * t_ms / 1e3
-        session = d.session_s(ttft, t_ms / speed.accepted / 1e3)
-        assert lam / d.requests_per_session * session == pytest.approx(40 / r["racks"],
-                                                                       rel=1e-6)
+        _, ttft, tpot = hand_point(r, screen)
+        assert lam / d.requests_per_session * d.session_s(ttft, tpot) == pytest.approx(
+            40 / r["racks"], rel=1e-6)
         # P90 interactivity at the P90 Poisson occupancy
         n90 = occupancy_quantile(np.array([r["decode_per_rank"] * speed.ranks]), 0.9)[0]
         assert r["interactivity_tok_s"] == pytest.approx(
@@ -136,3 +148,18 @@ def test_more_racks_never_serve_a_rack_worse(screened):
         assert (np.diff(g["ttft_p90_ms"].to_numpy()) <= 1e-9).all()
         assert (np.diff(g["interactivity_tok_s"].to_numpy()) >= -1e-9).all()
         assert (np.diff(g["fleet_usd_h"].to_numpy()) > 0).all()
+
+
+def test_sessions_per_hour_demand_runs_at_that_rate(small_inputs):
+    plan = small_inputs.plan.model_copy(update={"demand": small_inputs.plan.demand.model_copy(
+        update={"agents": None, "sessions_per_hour": 360.0})})
+    cfg = small_inputs.scenario
+    demand = profile_demand(load_sessions(cfg.workload, cfg.seed), 3.25, lanes=24)
+    screen = Screen(cfg, plan, small_inputs.hardware, demand)
+    for _, r in screen.run().iterrows():
+        lam, ttft, tpot = hand_point(r, screen)
+        # 360 sessions/h = 0.1 sessions/s over the fleet, split over its racks
+        assert lam / demand.requests_per_session == pytest.approx(0.1 / r["racks"], rel=1e-6)
+        # Little: the agents that rate keeps busy for a session each
+        assert r["agents_per_rack"] == pytest.approx(
+            0.1 / r["racks"] * demand.session_s(ttft, tpot), rel=1e-6)
