@@ -52,14 +52,20 @@ def scenario_overrides(overrides: Sequence[str]) -> list[str]:
             not in NOT_SCENARIO]
 
 
-def _meets(rows: pd.DataFrame, inputs: PlanInputs) -> pd.Series:
+def des_verdict(row: pd.Series, inputs: PlanInputs) -> str:
+    """What the simulation says of a confirmed candidate: empty when it meets every SLO."""
     slo = inputs.plan.slo
-    ok = ((rows["des_status"] == "ok")
-          & (rows["des_interactivity_tok_s"] >= slo.interactivity_p90_tok_s_user_min)
-          & (rows["des_ttft_p90_ms"] <= slo.ttft_p90_s_max * 1e3))
-    if slo.ttft_p50_s_max is not None:
-        ok &= rows["des_ttft_p50_ms"] <= slo.ttft_p50_s_max * 1e3
-    return ok
+    if row["des_status"] != "ok":
+        return f"simulation failed: {row['des_error']}"
+    why = []
+    if not row["des_interactivity_tok_s"] >= slo.interactivity_p90_tok_s_user_min:
+        why.append(f"interactivity {row['des_interactivity_tok_s']:.0f} < "
+                   f"{slo.interactivity_p90_tok_s_user_min:g} tok/s/user")
+    if not row["des_ttft_p90_ms"] <= slo.ttft_p90_s_max * 1e3:
+        why.append(f"TTFT P90 {row['des_ttft_p90_ms'] / 1e3:.3g} s > {slo.ttft_p90_s_max:g} s")
+    if slo.ttft_p50_s_max is not None and not row["des_ttft_p50_ms"] <= slo.ttft_p50_s_max * 1e3:
+        why.append(f"TTFT P50 {row['des_ttft_p50_ms'] / 1e3:.3g} s > {slo.ttft_p50_s_max:g} s")
+    return "; ".join(why)
 
 
 def run_plan(inputs: PlanInputs, out_dir: Path, overrides: Sequence[str] = ()) -> PlanResult:
@@ -82,7 +88,8 @@ def run_plan(inputs: PlanInputs, out_dir: Path, overrides: Sequence[str] = ()) -
         sim = run_confirmation(picks["candidate"].tolist(), plan, out_dir,
                                scenario_overrides(overrides))
         confirmed = compare(picks, sim)
-        confirmed["des_meets_slo"] = _meets(confirmed, inputs)
+        confirmed["des_verdict"] = [des_verdict(r, inputs) for _, r in confirmed.iterrows()]
+        confirmed["des_meets_slo"] = confirmed["des_verdict"] == ""
     pool = screened if not len(confirmed) else pd.concat(
         [confirmed, screened.drop(index=confirmed.index)])
     plans = chosen(pool, plan.plans)

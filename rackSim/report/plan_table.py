@@ -37,6 +37,7 @@ COLUMNS = {
     "err_interactivity_tok_s": "screen err tok/s/user",
     "err_ttft_p90_ms": "screen err TTFT P90",
     "verdict": "misses",
+    "des_verdict": "misses in DES",
 }
 
 

@@ -87,3 +87,16 @@ def test_only_scenario_overrides_reach_the_simulations():
                                "plan.demand.agents=4", "hardware=gb200_nvl72",
                                "hydra.run.dir=x", "workload.num_sessions=8"]) == \
         ["experiment=smoke", "workload.num_sessions=8"]
+
+
+def test_simulation_verdicts_name_the_missed_slo(small_inputs):
+    from rackSim.plan.command import des_verdict
+
+    row = pd.Series({"des_status": "ok", "des_error": None, "des_interactivity_tok_s": 140.0,
+                     "des_ttft_p90_ms": 2500.0, "des_ttft_p50_ms": 100.0})
+    assert des_verdict(row, small_inputs) == ("interactivity 140 < 150 tok/s/user; "
+                                              "TTFT P90 2.5 s > 2 s")
+    assert des_verdict(row.copy().replace({140.0: 151.0, 2500.0: 1999.0}), small_inputs) == ""
+    failed = row.copy()
+    failed["des_status"], failed["des_error"] = "failed", "ValueError: boom"
+    assert des_verdict(failed, small_inputs) == "simulation failed: ValueError: boom"
