@@ -32,7 +32,6 @@ from rackSim.validate.faults import ErrorPolicy
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_ERRORS, EXIT_ENDPOINT, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
 EXIT_SERVER_CHANGED = 5
-WORKLOAD_FILE = "workload.json"
 
 
 class HELP(argparse.ArgumentDefaultsHelpFormatter):
@@ -184,14 +183,6 @@ def _workload(args: argparse.Namespace) -> WorkloadSpec:
     return WorkloadSpec.model_validate(d)
 
 
-def _load_run_workload(run: Path) -> tuple[WorkloadSpec, int]:
-    path = run / WORKLOAD_FILE
-    if not path.exists():
-        raise BadInput(f"--run: {path} missing; is {run} a `racksim-validate run` directory?")
-    doc = json.loads(path.read_text())
-    return WorkloadSpec.model_validate(doc["workload"]), int(doc["seed"])
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     if args.fresh_server == bool(args.endpoint):
         raise BadInput("run: give --endpoint URL (a running server) or --fresh-server "
@@ -223,6 +214,8 @@ def _run(args: argparse.Namespace) -> int:
     for flag in ("max_requests", "max_duration_s", "scrape_interval_s"):
         if getattr(args, flag) <= 0:
             raise BadInput(f"--{flag.replace('_', '-')} must be > 0")
+    from rackSim.validate.runs import WORKLOAD_FILE
+
     wfile = args.out / WORKLOAD_FILE
     doc = {"workload": json.loads(wl.model_dump_json()), "seed": args.seed}
     if args.resume:
@@ -281,85 +274,16 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def recorded_shape(run: Path) -> dict:
-    """The server shape a run recorded (ServerShape fields it knows): KV block and capacity
-    from the endpoints' /metrics, scheduler limits from the server log. BadInput when the
-    endpoints differ, or when the run stopped because a server changed mid-run."""
-    path = run / "run.json"
-    if not path.exists():
-        raise BadInput(f"--run: {path} missing; is {run} a `racksim-validate run` directory?")
-    meta = json.loads(path.read_text())
-    if meta.get("server_changed"):
-        raise BadInput(f"--run {run}: a server changed mid-run ({meta['server_changed']}); "
-                       "nothing fitted from it would describe one server: run again")
-    shapes = [{k: e["shape"][k] for k in ("block_tokens", "kv_capacity_tokens")
-               if k in e.get("shape", {})} for e in meta.get("endpoints", [])]
-    if any(sh != shapes[0] for sh in shapes):
-        raise BadInput(f"--run {run}: its endpoints have different shapes {shapes}; fit one "
-                       "server's run at a time")
-    out = dict(shapes[0]) if shapes else {}
-    sched = meta.get("scheduler", {})
-    out.update({k: sched[k] for k in ("max_num_seqs", "max_num_batched_tokens") if k in sched})
-    return out
-
-
-def _shape(args: argparse.Namespace, run: Path):
-    """The server shape of `run`: as recorded, completed (or checked) by the shape flags."""
-    from rackSim.perf.measured import ServerShape
-
-    shape = recorded_shape(run)
-    given = {"max_num_batched_tokens": args.max_num_batched_tokens,
-             "max_num_seqs": args.max_num_seqs,
-             "kv_capacity_tokens": None if args.kv_cache_gib is None
-             else args.kv_cache_gib * (1 << 30) // 1024}
-    for key, value in given.items():
-        if value is None:
-            continue
-        if key in shape and shape[key] != value and key != "kv_capacity_tokens":
-            raise BadInput(f"--{key.replace('_', '-')} {value}: the run recorded "
-                           f"{shape[key]} for this server; drop the flag")
-        shape.setdefault(key, value)
-    missing = [k for k in ("max_num_batched_tokens", "max_num_seqs") if k not in shape]
-    if missing:
-        raise BadInput(f"--run {run}: the server's {', '.join(missing)} were not recorded "
-                       "(run with --server-log for a local server); give "
-                       + " and ".join(f"--{k.replace('_', '-')}" for k in missing))
-    return ServerShape(**shape)
-
-
 def _cmd_fit(args: argparse.Namespace) -> int:
-    from rackSim.validate.fit import fit_driver_records, fit_iteration_log
-    from rackSim.validate.ingest import load_driver_run, read_iteration_log
+    from rackSim.validate.runs import complete_shape, fit_run
 
-    recs, _, _ = load_driver_run(args.run)
-    if not recs:
-        raise BadInput(f"--run {args.run}: no request records; nothing to fit")
-    if args.source == "log":
-        if args.log is not None:
-            ranges = [(args.log, args.log_start, args.log_end)]
-        else:
-            meta = json.loads((args.run / "run.json").read_text())
-            ranges = [(Path(r["path"]), r["start_byte"], r["end_byte"])
-                      for r in meta.get("server_log", [])]
-            if not ranges:
-                raise BadInput("fit --source log: give --log SERVER.LOG (the run kept no "
-                               "server log range; use `run --server-log` next time)")
-        steps = [row for path, a, b in ranges for row in read_iteration_log(path, a, b)]
-        prof = fit_iteration_log(steps, _shape(args, args.run), records=recs,
-                                 inputs=[f"{p}[{a}:{b}]" for p, a, b in ranges]
-                                 + [str(args.run)])
-    else:
-        prof = fit_driver_records(recs, _shape(args, args.run), inputs=[str(args.run)])
-    if args.refine:
-        from rackSim.validate.compare import summarize_run
-        from rackSim.validate.ingest import load_driver_run as _load
-        from rackSim.validate.refine import refine_overheads
-        from rackSim.workload.sources import load_sessions
-
-        wl, seed = _load_run_workload(args.run)
-        recs, t0, t1 = _load(args.run)
-        prof = refine_overheads(prof, load_sessions(wl, seed), wl.replay, seed,
-                                summarize_run(recs, t0, t1, "measured").summary)
+    shape = complete_shape(args.run, {
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_num_seqs": args.max_num_seqs,
+        "kv_capacity_tokens": None if args.kv_cache_gib is None
+        else args.kv_cache_gib * (1 << 30) // 1024})
+    ranges = [(args.log, args.log_start, args.log_end)] if args.log is not None else None
+    prof = fit_run(args.run, args.source, shape, refine=args.refine, ranges=ranges)
     out = args.out or args.run / f"profile-{prof.source}.yaml"
     prof.to_yaml(out)
     res = prof.residuals["all"]
@@ -373,39 +297,16 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from rackSim.perf.measured import Profile
-    from rackSim.validate.colocated import simulate_colocated
-    from rackSim.validate.compare import (
-        compare_summaries,
-        format_table,
-        summarize_run,
-        write_comparison,
-    )
-    from rackSim.validate.ingest import load_driver_run
-    from rackSim.workload.sources import load_sessions
+    from rackSim.validate.compare import format_table, write_comparison
+    from rackSim.validate.runs import predict_run, run_workload
 
-    wl, seed = _load_run_workload(args.run)
+    wl, _ = run_workload(args.run)
     prof = Profile.from_yaml(args.profile)
-    run_shape = recorded_shape(args.run)
-    differ = {k: (v, getattr(prof.server, k)) for k, v in run_shape.items()
-              if getattr(prof.server, k) != v}
-    if differ and not args.allow_other_shape:
-        what = ", ".join(f"{k}: run {a}, profile {b}" for k, (a, b) in differ.items())
-        raise BadInput(f"--profile {args.profile}: fitted on a server of another shape than "
-                       f"this run's ({what}); fit a profile on this server, or pass "
-                       "--allow-other-shape")
-    recs, t0, t1 = load_driver_run(args.run)
-    if not recs:
-        raise BadInput(f"--run {args.run}: no request records; nothing to compare")
-    sessions = load_sessions(wl, seed)
-    sim = simulate_colocated(sessions, wl.replay, prof, seed=seed)
-    df = compare_summaries(
-        summarize_run(recs, t0, t1, "measured", sessions=sessions).summary,
-        summarize_run(sim.records, sim.window_start_s, sim.window_end_s, "simulated",
-                      sessions=sessions).summary)
+    pred = predict_run(args.run, prof, allow_other_shape=args.allow_other_shape)
     out = args.out or args.run / "compare"
     title = f"{args.run.name}: concurrency {wl.replay.concurrency}, profile {prof.source}"
-    csv, png = write_comparison(df, out, title)
-    print(format_table(df, title))
+    csv, png = write_comparison(pred.table, out, title)
+    print(format_table(pred.table, title))
     print(f"-> {csv}, {png}")
     return EXIT_OK
 

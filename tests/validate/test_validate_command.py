@@ -92,7 +92,7 @@ def test_fit_uses_the_recorded_shape_and_refuses_contradictions(run_dir, capsys)
     assert "--max-num-seqs 8: the run recorded 64" in capsys.readouterr().err
     _edit_meta(run_dir, scheduler=None)  # a remote server: no log, limits unknown
     assert main(["fit", "--run", str(run_dir)]) == EXIT_BAD_INPUT
-    assert "give --max-num-batched-tokens and --max-num-seqs" in capsys.readouterr().err
+    assert "give --max-num-seqs and --max-num-batched-tokens" in capsys.readouterr().err
     assert main(["fit", "--run", str(run_dir), "--max-num-seqs", "32",
                  "--max-num-batched-tokens", "1024"]) == EXIT_OK
     prof = Profile.from_yaml(run_dir / "profile-driver_records.yaml")

@@ -1,0 +1,146 @@
+"""A recorded run directory (`racksim-validate run` writes one): its workload, the server shape
+it recorded, and the two things done with it: fit a profile, and predict it with a profile.
+
+Shared by the `fit` and `compare` subcommands and by the grid (`grid`). Errors are ValueError
+with the run, flag or field named and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from rackSim.config.specs import WorkloadSpec
+from rackSim.perf.measured import Profile, ServerShape
+from rackSim.workload.graph import SessionGraph
+
+WORKLOAD_FILE = "workload.json"
+SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens")
+
+
+def run_workload(run: Path) -> tuple[WorkloadSpec, int]:
+    """The workload and seed a run replayed."""
+    path = run / WORKLOAD_FILE
+    if not path.exists():
+        raise ValueError(f"--run: {path} missing; is {run} a `racksim-validate run` directory?")
+    doc = json.loads(path.read_text())
+    return WorkloadSpec.model_validate(doc["workload"]), int(doc["seed"])
+
+
+def recorded_shape(run: Path) -> dict:
+    """The server shape a run recorded (ServerShape fields it knows): KV block and capacity
+    from the endpoints' /metrics, scheduler limits from the server log. ValueError when the
+    endpoints differ, or when the run stopped because a server changed mid-run."""
+    path = run / "run.json"
+    if not path.exists():
+        raise ValueError(f"--run: {path} missing; is {run} a `racksim-validate run` directory?")
+    meta = json.loads(path.read_text())
+    if meta.get("server_changed"):
+        raise ValueError(f"--run {run}: a server changed mid-run ({meta['server_changed']}); "
+                         "nothing fitted from it would describe one server: run again")
+    shapes = [{k: e["shape"][k] for k in ("block_tokens", "kv_capacity_tokens")
+               if k in e.get("shape", {})} for e in meta.get("endpoints", [])]
+    if any(sh != shapes[0] for sh in shapes):
+        raise ValueError(f"--run {run}: its endpoints have different shapes {shapes}; fit one "
+                         "server's run at a time")
+    out = dict(shapes[0]) if shapes else {}
+    sched = meta.get("scheduler", {})
+    out.update({k: sched[k] for k in SCHEDULER_KEYS if k in sched})
+    return out
+
+
+def complete_shape(run: Path, given: dict[str, int | None]) -> ServerShape:
+    """The recorded shape completed by `given` (flag values, None = not given); a given value
+    that contradicts the record is refused (kv_capacity_tokens: the record wins)."""
+    shape = recorded_shape(run)
+    for key, value in given.items():
+        if value is None:
+            continue
+        if key in shape and shape[key] != value and key != "kv_capacity_tokens":
+            raise ValueError(f"--{key.replace('_', '-')} {value}: the run recorded "
+                             f"{shape[key]} for this server; drop the flag")
+        shape.setdefault(key, value)
+    missing = [k for k in SCHEDULER_KEYS if k not in shape]
+    if missing:
+        raise ValueError(f"--run {run}: the server's {', '.join(missing)} were not recorded "
+                         "(run with --server-log for a local server); give "
+                         + " and ".join(f"--{k.replace('_', '-')}" for k in missing))
+    return ServerShape(**shape)
+
+
+def log_ranges(run: Path) -> list[tuple[Path, int, int]]:
+    """The (server log, start byte, end byte) ranges a run kept (`run --server-log`)."""
+    meta = json.loads((run / "run.json").read_text())
+    return [(Path(r["path"]), r["start_byte"], r["end_byte"])
+            for r in meta.get("server_log", [])]
+
+
+def fit_run(run: Path, source: str, shape: ServerShape, refine: bool = False,
+            ranges: list[tuple[Path, int, int]] | None = None) -> Profile:
+    """Fit a profile on `run`: source 'log' (its iteration-log ranges, or `ranges`) or
+    'records' (black box); `refine` then sets the overheads by simulating the run."""
+    from rackSim.validate.compare import summarize_run
+    from rackSim.validate.fit import fit_driver_records, fit_iteration_log
+    from rackSim.validate.ingest import load_driver_run, read_iteration_log
+    from rackSim.validate.refine import refine_overheads
+    from rackSim.workload.sources import load_sessions
+
+    recs, t0, t1 = load_driver_run(run)
+    if not recs:
+        raise ValueError(f"--run {run}: no request records; nothing to fit")
+    if source == "log":
+        ranges = ranges or log_ranges(run)
+        if not ranges:
+            raise ValueError("fit --source log: give --log SERVER.LOG (the run kept no server "
+                             "log range; use `run --server-log` next time)")
+        steps = [row for path, a, b in ranges for row in read_iteration_log(path, a, b)]
+        prof = fit_iteration_log(steps, shape, records=recs,
+                                 inputs=[f"{p}[{a}:{b}]" for p, a, b in ranges] + [str(run)])
+    else:
+        prof = fit_driver_records(recs, shape, inputs=[str(run)])
+    if refine:
+        wl, seed = run_workload(run)
+        prof = refine_overheads(prof, load_sessions(wl, seed), wl.replay, seed,
+                                summarize_run(recs, t0, t1, "measured").summary)
+    return prof
+
+
+@dataclass
+class Prediction:
+    """A run measured and predicted: both summaries and the comparison table."""
+
+    measured: dict
+    predicted: dict
+    table: pd.DataFrame
+    sessions: list[SessionGraph]
+
+
+def predict_run(run: Path, profile: Profile, allow_other_shape: bool = False) -> Prediction:
+    """Simulate `run`'s workload (same seed) on the colocated model priced by `profile` and
+    compare with what was measured. A profile of another server shape is refused unless
+    `allow_other_shape`."""
+    from rackSim.validate.colocated import simulate_colocated
+    from rackSim.validate.compare import compare_summaries, summarize_run
+    from rackSim.validate.ingest import load_driver_run
+    from rackSim.workload.sources import load_sessions
+
+    wl, seed = run_workload(run)
+    differ = {k: (v, getattr(profile.server, k)) for k, v in recorded_shape(run).items()
+              if getattr(profile.server, k) != v}
+    if differ and not allow_other_shape:
+        what = ", ".join(f"{k}: run {a}, profile {b}" for k, (a, b) in differ.items())
+        raise ValueError(f"--profile: fitted on a server of another shape than {run}'s "
+                         f"({what}); fit a profile on this server, or pass "
+                         "--allow-other-shape")
+    recs, t0, t1 = load_driver_run(run)
+    if not recs:
+        raise ValueError(f"--run {run}: no request records; nothing to compare")
+    sessions = load_sessions(wl, seed)
+    sim = simulate_colocated(sessions, wl.replay, profile, seed=seed)
+    measured = summarize_run(recs, t0, t1, "measured", sessions=sessions).summary
+    predicted = summarize_run(sim.records, sim.window_start_s, sim.window_end_s, "simulated",
+                              sessions=sessions).summary
+    return Prediction(measured, predicted, compare_summaries(measured, predicted), sessions)
