@@ -5,6 +5,8 @@
     racksim-validate ingest  (--run RUN | --log SERVER.LOG | --bench BENCH.json) --out DIR
     racksim-validate fit     --run RUN [--log SERVER.LOG] --out PROFILE.yaml
     racksim-validate compare --run RUN --profile PROFILE.yaml [--out DIR]
+    racksim-validate grid    --out DIR [--model tiny-dense] [--fit-concurrency 6]
+                             [--concurrency 1 2 4 8 12 16] [--seeds 11 23] [--fresh-server]
 
 The server's shape (KV block size and capacity from /metrics; scheduler limits from the log of
 a local server, `run --server-log`) is recorded in run.json; `fit` prices the run with it and
@@ -147,6 +149,23 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--out", type=Path, default=None, help="default: RUN/compare")
     c.add_argument("--allow-other-shape", action="store_true",
                    help="compare even if the profile was fitted on a server of another shape")
+    g = sub.add_parser("grid", formatter_class=HELP,
+                       help="fit at one concurrency on a local server, predict a grid of "
+                            "others, write the error table and figure")
+    g.add_argument("--out", type=Path, required=True, help="grid directory")
+    g.add_argument("--model", default="tiny-moe",
+                   help="a preset (tiny-moe, tiny-dense) or a config.json directory")
+    g.add_argument("--fit-concurrency", type=int, default=6, help="lanes of the fitting run")
+    g.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16],
+                   help="the grid of lanes to predict")
+    g.add_argument("--seeds", type=int, nargs="+", default=[11, 23],
+                   help="workload seeds (one fit per seed)")
+    g.add_argument("--window-s", type=float, default=20.0, help="window of every run (s)")
+    g.add_argument("--sources", nargs="+", default=["iteration_log", "driver_records"],
+                   help="profiles to fit and compare")
+    g.add_argument("--fresh-server", action="store_true",
+                   help="a new server for every run (no drift; +30-120 s per run)")
+    _server_shape_args(g)
     return p
 
 
@@ -311,6 +330,35 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_grid(args: argparse.Namespace) -> int:
+    from rackSim.validate.grid import (
+        GridSpec,
+        format_held_out,
+        held_out_table,
+        local_runner,
+        run_grid,
+        write_grid,
+    )
+    from rackSim.validate.server import ServerSettings
+
+    spec = GridSpec(fit_concurrency=args.fit_concurrency, concurrencies=tuple(args.concurrency),
+                    seeds=tuple(args.seeds), window_s=args.window_s,
+                    sources=tuple(args.sources))
+    settings = ServerSettings(model=args.model, kv_cache_gib=args.kv_cache_gib,
+                              max_num_batched_tokens=args.max_num_batched_tokens,
+                              max_num_seqs=args.max_num_seqs)
+    runner, stop = local_runner(settings, spec.window_s, args.fresh_server,
+                                args.out.resolve())
+    try:
+        df = run_grid(spec, runner, args.out, Path(args.model).name)
+    finally:
+        stop()
+    csv, png = write_grid(df, args.out)
+    print(format_held_out(held_out_table(df)))
+    print(f"-> {csv}, {png}")
+    return EXIT_OK
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from rackSim.validate.server import SERVED_NAME, ServerSettings, start_server
 
@@ -341,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     handler = {"run": _cmd_run, "ingest": _cmd_ingest, "fit": _cmd_fit,
-               "compare": _cmd_compare, "serve": _cmd_serve}[args.cmd]
+               "compare": _cmd_compare, "serve": _cmd_serve, "grid": _cmd_grid}[args.cmd]
     try:
         return handler(args)
     except (EndpointError, ServerError) as err:

