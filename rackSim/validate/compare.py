@@ -40,7 +40,9 @@ ROWS = (("TTFT P50 (ms)", "ttft_p50_ms"), ("TTFT P90 (ms)", "ttft_p90_ms"),
         ("throughput (tok/s)", "throughput_tok_s_gpu"), ("output (tok/s)", "output_tok_s_gpu"),
         ("ITL raw P50 (ms)", "itl_raw_p50_ms"), ("ITL raw P90 (ms)", "itl_raw_p90_ms"),
         ("cache hit rate", "cache_hit_rate"), ("client lag mean (ms)", "client_lag_mean_ms"),
-        ("coalesced tokens", "coalesced_share"))
+        ("coalesced tokens", "coalesced_share"),
+        ("TTFT mean, all (ms)", "ttft_all_mean_ms"),
+        ("TTFT mean at server (ms)", "server_ttft_mean_ms"))
 NOT_COMPARED = ("client_lag_mean_ms", "coalesced_share")  # descriptive: no error is computed
 HEADLINE = ("ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms", "throughput_tok_s_gpu")
 
@@ -114,9 +116,14 @@ def client_lag_ms(records: list[RequestRecord], sessions: list[SessionGraph]) ->
 
 def summarize_run(records: list[RequestRecord], t0: float, t1: float, label: str,
                   coalesce_ms: float = COALESCE_MS,
-                  sessions: list[SessionGraph] | None = None) -> Result:
+                  sessions: list[SessionGraph] | None = None,
+                  server_ttft_mean_ms: float = math.nan) -> Result:
     """Summary of a measured or simulated run over [t0, t1) with both ITL views (and the
-    client's mean reaction lag when `sessions` are given)."""
+    client's mean reaction lag when `sessions` are given). Two TTFT means cover the whole run
+    (primer and warm-up included, as the server's own histogram does): as the client saw it,
+    and as the server measured it (`server_ttft_mean_ms`: from /metrics for a measured run,
+    the client's minus the front-end delay for a simulated one); their difference is the
+    front-end's share."""
     itl = itl_from_deliveries(records, t0, t1, coalesce_ms)
     raw = itl_from_token_times(records, t0, t1)
     lag = client_lag_ms(records, sessions) if sessions is not None else np.zeros(0)
@@ -124,7 +131,15 @@ def summarize_run(records: list[RequestRecord], t0: float, t1: float, label: str
                      {"source": label, "itl_raw_p50_ms": raw.percentile(50),
                       "itl_raw_p90_ms": raw.percentile(90),
                       "client_lag_mean_ms": float(lag.mean()) if lag.size else math.nan,
-                      "coalesced_share": coalesced_share(records, t0, t1, coalesce_ms)})
+                      "coalesced_share": coalesced_share(records, t0, t1, coalesce_ms),
+                      "ttft_all_mean_ms": ttft_all_mean_ms(records),
+                      "server_ttft_mean_ms": server_ttft_mean_ms})
+
+
+def ttft_all_mean_ms(records: list[RequestRecord]) -> float:
+    """Mean TTFT (ms) of every successful request of a run, primer and warm-up included."""
+    ttft = [r.ttft_ms for r in records if r.error is None and not math.isnan(r.first_token_s)]
+    return float(np.mean(ttft)) if ttft else math.nan
 
 
 def _fmt(x: float, spec: str) -> str:

@@ -8,6 +8,7 @@ with the run, flag or field named and the fix.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,8 +124,9 @@ def predict_run(run: Path, profile: Profile, allow_other_shape: bool = False) ->
     compare with what was measured. A profile of another server shape is refused unless
     `allow_other_shape`."""
     from rackSim.validate.colocated import simulate_colocated
-    from rackSim.validate.compare import compare_summaries, summarize_run
+    from rackSim.validate.compare import compare_summaries, summarize_run, ttft_all_mean_ms
     from rackSim.validate.ingest import load_driver_run
+    from rackSim.validate.scrape import read_scrapes, server_ttft_mean_ms
     from rackSim.workload.sources import load_sessions
 
     wl, seed = run_workload(run)
@@ -140,7 +142,11 @@ def predict_run(run: Path, profile: Profile, allow_other_shape: bool = False) ->
         raise ValueError(f"--run {run}: no request records; nothing to compare")
     sessions = load_sessions(wl, seed)
     sim = simulate_colocated(sessions, wl.replay, profile, seed=seed)
-    measured = summarize_run(recs, t0, t1, "measured", sessions=sessions).summary
-    predicted = summarize_run(sim.records, sim.window_start_s, sim.window_end_s, "simulated",
-                              sessions=sessions).summary
+    scrapes = run / "scrapes.jsonl"
+    server_ttft = server_ttft_mean_ms(read_scrapes(scrapes)) if scrapes.exists() else math.nan
+    measured = summarize_run(recs, t0, t1, "measured", sessions=sessions,
+                             server_ttft_mean_ms=server_ttft).summary
+    predicted = summarize_run(
+        sim.records, sim.window_start_s, sim.window_end_s, "simulated", sessions=sessions,
+        server_ttft_mean_ms=ttft_all_mean_ms(sim.records) - profile.api_overhead_ms).summary
     return Prediction(measured, predicted, compare_summaries(measured, predicted), sessions)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,3 +147,23 @@ class ScrapeLog:
 def read_scrapes(path: Path) -> list[dict]:
     with path.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def run_delta(scrapes: list[dict], name: str) -> float:
+    """Change of a counter (summed over label sets) from a run's first 'before' scrape to its
+    last 'after' scrape (NaN when either is missing)."""
+    before = [x for x in scrapes if x["label"] == "before" and x.get("samples")]
+    after = [x for x in scrapes if x["label"] == "after" and x.get("samples")]
+    if not before or not after:
+        return math.nan
+    return (metric_total([tuple(v) for v in after[-1]["samples"]], name)
+            - metric_total([tuple(v) for v in before[0]["samples"]], name))
+
+
+def server_ttft_mean_ms(scrapes: list[dict]) -> float:
+    """Mean TTFT (ms) the server itself measured over a run (`vllm:time_to_first_token_seconds`
+    histogram: from the API server's arrival stamp to the first token's output processing),
+    i.e. without the time before the server stamps a request and after it emits a token."""
+    n = run_delta(scrapes, "vllm:time_to_first_token_seconds_count")
+    return run_delta(scrapes, "vllm:time_to_first_token_seconds_sum") / n * 1e3 if n > 0 \
+        else math.nan
