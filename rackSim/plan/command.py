@@ -155,8 +155,11 @@ def question(inputs: PlanInputs) -> str:
 
 def notes(inputs: PlanInputs, result: PlanResult) -> list[str]:
     out = []
-    if len(result.confirmed) and not inputs.plan.confirm.fleet:
-        out.append("Confirmation simulated ONE rack of each candidate at agents / racks "
+    if len(result.confirmed):
+        out.append("Confirmation simulated each candidate's whole fleet (its racks under the "
+                   "global router's session affinity) at the full demand."
+                   if inputs.plan.confirm.fleet else
+                   "Confirmation simulated ONE rack of each candidate at agents / racks "
                    "clients (session affinity to a rack: identical racks split the demand "
                    "evenly and exchange no KV), not the whole fleet.")
     if inputs.plan.confirm.top_k == 0:

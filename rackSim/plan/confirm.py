@@ -8,11 +8,12 @@ was composed with, into `<out>/confirm/`: a sweep like any other (job.json per j
 table at the end), and resumable like one: a candidate id is a hash of its file, so re-running
 the plan into the same directory skips every candidate already simulated.
 
-Until the engine simulates fleets, `confirm.fleet: false` simulates *one* rack of the
-candidate at `agents / racks` clients: with session affinity to a rack, identical racks split
-the demand evenly and never exchange KV, so one rack stands for each of them. The report
-says so. `confirm.fleet: true` simulates the whole fleet (`deployment.racks`,
-`decode.instances`, the global router's session affinity) at the full demand.
+`confirm.fleet: true` (the default) simulates the whole fleet: `deployment.racks` racks of the
+layout, the global router's session affinity (docs/fleets.md), the full demand.
+`confirm.fleet: false` simulates *one* rack of the candidate at `agents / racks` clients,
+R times cheaper: with session affinity to a rack, identical racks split the demand evenly and
+exchange no KV, so one rack stands for each of them; what it leaves out is the router's
+imbalance and spill-over between racks. The report says which was done.
 """
 
 from __future__ import annotations
@@ -55,9 +56,8 @@ def candidate_config(row: pd.Series, plan: PlanSpec) -> dict:
         "prefill": {"instances": int(row["prefill_instances"]),
                     "gpus_per_instance": int(row["prefill_gpus"])},
         "decode": {"instances": int(row["decode_instances"]), "gpus": int(row["decode_gpus"])},
+        "fleet_router": {"policy": "session_affinity"},
     }
-    if fleet:
-        deployment["fleet_router"] = {"policy": "session_affinity"}
     return {"defaults": [{"override /hardware": row["hardware"]}],
             "deployment": deployment,
             "workload": {"replay": {"concurrency": agents,

@@ -136,14 +136,14 @@ class Confirm(PlanModel):
     """Stage 2: the best `top_k` candidates simulated through a Hydra launcher
     (`launcher`: a hydra/launcher option, e.g. joblib or racksim_ray, with
     `launcher_overrides` such as hydra.launcher.n_jobs=2). `fleet`: simulate the whole fleet
-    (needs the fleet engine); false: one rack at agents / racks (rackSim.plan.confirm)."""
+    at the full demand; false: one rack at agents / racks (rackSim.plan.confirm)."""
 
     top_k: int = Field(default=4, ge=0, description="candidates simulated (0: screen only)")
     launcher: str = "joblib"
     launcher_overrides: list[str] = ["hydra.launcher.n_jobs=2"]
     window_s: PositiveFloat = 60.0
     warmup_requests_per_lane: int = Field(default=1, ge=0)
-    fleet: bool = False
+    fleet: bool = True
 
 
 class PlanSpec(PlanModel):
@@ -156,11 +156,3 @@ class PlanSpec(PlanModel):
     confirm: Confirm = Confirm()
     plans: PositiveInt = Field(default=3, description="cheapest plans reported")
 
-    @model_validator(mode="after")
-    def _confirmable(self) -> PlanSpec:
-        if not self.confirm.fleet and max(self.space.decode_instances) > 1:
-            raise ValueError(
-                f"space.decode_instances={self.space.decode_instances}: racks with more than "
-                "one decode instance are confirmed only as whole fleets; set confirm.fleet: "
-                "true or keep decode_instances [1]")
-        return self

@@ -1,6 +1,7 @@
-"""A planner run on a small demand: the screen's best candidates are simulated through the
-joblib launcher, the chosen plan meets the SLOs in the simulation, every confirmed candidate
-carries its screen-vs-DES error, and a second run resumes (simulates nothing again)."""
+"""A planner run on a small demand: the screen's best candidates are simulated (whole fleets)
+through the joblib launcher, the chosen plan meets the SLOs in the simulation, every
+confirmed candidate carries its screen-vs-DES error, and a second run resumes (simulates
+nothing again). The one-rack stand-in's scenario is checked without simulating."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pandas as pd
 import pytest
 
 from rackSim.plan.command import run_plan, write_plan
-from rackSim.plan.confirm import run_confirmation
+from rackSim.plan.confirm import candidate_config, run_confirmation
 
 
 @pytest.mark.slow
@@ -31,18 +32,19 @@ def test_small_plan_is_confirmed_by_the_simulation(small_inputs, tmp_path):
         assert np.isfinite(conf[col]).all()
     assert (conf["err_throughput_tok_s_gpu"].abs() < 0.5).all()
     assert (conf["err_interactivity_tok_s"].abs() < 0.5).all()
-    # the simulated rack is one rack at agents / racks clients
+    # each simulation is the candidate's whole fleet at the full demand
     for cid, row in conf.set_index("candidate").iterrows():
         job = next(p.parent for p in (tmp_path / "confirm").glob("*/job.json")
                    if cid in json.loads(p.read_text())["overrides"][-1])
         sim = json.loads((job / "scenario.json").read_text())
-        assert sim["deployment"]["racks"] == 1
-        assert sim["workload"]["replay"]["concurrency"] == -(-40 // row["racks"])
+        assert sim["deployment"]["racks"] == row["racks"]
+        assert sim["deployment"]["fleet_router"]["policy"] == "session_affinity"
+        assert sim["workload"]["replay"]["concurrency"] == 40
         assert sim["deployment"]["prefill"]["instances"] == row["prefill_instances"]
         assert sim["deployment"]["decode"]["gpus"] == row["decode_gpus"]
 
     page = write_plan(result, small_inputs, tmp_path).read_text()
-    assert "ONE rack" in page and "confirmed" in page
+    assert "whole fleet" in page and "confirmed" in page
     table = pd.read_parquet(tmp_path / "plan.parquet")
     assert table["status"].iloc[0] == "plan 1: confirmed"
     assert table["TTFT P90 ms (DES)"].iloc[0] == pytest.approx(best["des_ttft_p90_ms"])
@@ -52,3 +54,17 @@ def test_small_plan_is_confirmed_by_the_simulation(small_inputs, tmp_path):
     again = run_confirmation(conf["candidate"].tolist(), plan, tmp_path, ["experiment=smoke"])
     assert (again["status"] == "ok").all()
     assert {p: p.read_text() for p in (tmp_path / "confirm").glob("*/job.json")} == before
+
+
+def test_one_rack_stands_for_a_fleet_at_its_share(small_inputs):
+    row = pd.Series({"racks": 3, "layout": "P2xDEP2+DEP4", "prefill_instances": 2,
+                     "prefill_gpus": 2, "decode_instances": 1, "decode_gpus": 4,
+                     "hardware": "gb300_nvl72", "agents_per_rack": 40 / 3})
+    one = small_inputs.plan.model_copy(update={"confirm": small_inputs.plan.confirm.model_copy(
+        update={"fleet": False})})
+    c = candidate_config(row, one)
+    assert c["deployment"]["racks"] == 1 and c["workload"]["replay"]["concurrency"] == 14
+    whole = candidate_config(row, small_inputs.plan)
+    assert whole["deployment"]["racks"] == 3 and whole["workload"]["replay"]["concurrency"] == 40
+    assert whole["defaults"] == [{"override /hardware": "gb300_nvl72"}]
+    assert whole["workload"]["replay"]["window_s"] == small_inputs.plan.confirm.window_s

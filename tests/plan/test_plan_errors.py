@@ -30,7 +30,6 @@ from rackSim.plan.inputs import PlanError
     ("+plan.slo.itl_p90_ms_max=2.0", "plan.slo", "give one of them"),
     ("plan.slo.ttft_p90_s_max=-1", "plan.slo.ttft_p90_s_max", "greater than 0"),
     ("+plan.demand.sessions_per_hour=100", "plan.demand", "exactly one of agents"),
-    ("plan.space.decode_instances=[1,2]", "plan", "confirm.fleet: true"),
     ("plan.limits.max_racks=0", "plan.limits.max_racks", "greater than 0"),
     ("+plan.budget=3", "plan.budget", "unknown key"),
 ])
