@@ -86,10 +86,10 @@ def _moe_kernel(x: np.ndarray, hbm_bw: float, flops: float) -> MoeKernel:
                      flops_ms=flops / 1e3 * x[2], token_bytes=x[3])
 
 
-def predict_moe_rows(kernel: MoeKernel, rows: pd.DataFrame, weight_bytes_per_param: float
-                     ) -> np.ndarray:
-    """Predicted layer latency (ms) of each table row under `kernel`."""
-    h, i, k, e = (MOE_SHAPE[c] for c in ("hidden_size", "inter_size", "topk", "num_experts"))
+def predict_moe_rows(kernel: MoeKernel, rows: pd.DataFrame, weight_bytes_per_param: float,
+                     shape: dict[str, object] = MOE_SHAPE) -> np.ndarray:
+    """Predicted layer latency (ms) of each table row (of expert `shape`) under `kernel`."""
+    h, i, k, e = (int(shape[c]) for c in ("hidden_size", "inter_size", "topk", "num_experts"))
     params = 3.0 * h * i
     out = np.empty(len(rows))
     for j, (n, ep) in enumerate(zip(rows.num_tokens, rows.moe_ep_size, strict=True)):
@@ -220,15 +220,16 @@ def every_third(values: np.ndarray, offset: int = 1) -> set[float]:
     return {v for i, v in enumerate(sorted(set(values.tolist()))) if i % 3 == offset}
 
 
-def load_gemm_rows(root: Path, dtype: str) -> pd.DataFrame:
+def load_gemm_rows(root: Path, dtype: str, table: str = GEMM_TABLE) -> pd.DataFrame:
     kind, source = GEMM_ROWS[dtype]
-    df = pd.read_parquet(root / GEMM_TABLE)
+    df = pd.read_parquet(root / table)
     df = df[(df.gemm_dtype == kind) & (df.kernel_source == source)
             & (df.n >= GEMM_MIN_N) & (df.k >= GEMM_MIN_K)]
     return df[["m", "n", "k", "latency"]].reset_index(drop=True)
 
 
-def fit_gemm(rows: pd.DataFrame, dtype: str, hbm_bw: float, flops: float) -> TableFit:
+def fit_gemm(rows: pd.DataFrame, dtype: str, hbm_bw: float, flops: float,
+             table: str = GEMM_TABLE) -> TableFit:
     """GEMM speeds of `dtype` (dense.GemmKernel); every fourth (N, K) shape held out."""
     m, n, k = (rows[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
     shapes = sorted(set(zip(rows.n, rows.k, strict=True)))
@@ -247,7 +248,7 @@ def fit_gemm(rows: pd.DataFrame, dtype: str, hbm_bw: float, flops: float) -> Tab
     size = len(names)
     kind, source = GEMM_ROWS[dtype]
     return fit_rows(predict, rows.latency.to_numpy(), held, names, x0[:size],
-                    (lo[:size], hi[:size]), f"{GEMM_TABLE} ({kind}, {source})",
+                    (lo[:size], hi[:size]), f"{table} ({kind}, {source})",
                     "every fourth (N, K) shape")
 
 

@@ -2,7 +2,8 @@
 
 Subcommands (each its own module with a `main(argv)`): `racksim-calibrate headline` (what the
 published headline implies, rackSim.calibrate.headline), `racksim-calibrate model CONFIG` (a
-model spec from a config.json, rackSim.calibrate.model_spec).
+model spec from a config.json, rackSim.calibrate.model_spec), `racksim-calibrate profile --model M
+--hardware H` (a profile fitted to that GPU's kernel tables, rackSim.calibrate.table_profile).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ SUBCOMMANDS = {
     "workload": "rackSim.calibrate.headline_fit",
     "prefill": "rackSim.calibrate.prefill",
     "model": "rackSim.calibrate.model_spec",
+    "profile": "rackSim.calibrate.table_profile",
 }
 
 

@@ -86,6 +86,10 @@ class AttentionCost:
     #: FLOPs per attended entry in prefill (0: `entry_flops`); MLA prefill attends per-head
     #: keys and values, decode the absorbed latent
     prefill_entry_flops: float = 0.0
+    #: decode: per-request cost per layer (ms) beyond its KV bytes and FLOPs (the kernel's
+    #: per-sequence work: block-table walk, query load, output write); 0 for compressed
+    #: attention, whose profile folds it into the kernel cost
+    request_ms: float = 0.0
 
     #: window-only layers
     swa_layers: int = field(init=False)
@@ -113,8 +117,9 @@ class AttentionCost:
         if requests <= 0:
             return fixed
         e = self.entries(context_tokens / requests)
-        return fixed + requests * e * (q * self.entry_flops / self.flops_ms
-                                       + self.entry_bytes / self.bytes_ms)
+        return fixed + requests * (e * (q * self.entry_flops / self.flops_ms
+                                        + self.entry_bytes / self.bytes_ms)
+                                   + self.layers * self.request_ms)
 
     def decode_indexer_ms(self, requests: float, context_tokens: float) -> float:
         """Indexer of one rank: every request's index keys are scanned once per step (ms)."""
@@ -163,7 +168,7 @@ def attention_cost(m: ModelSpec, hw: HardwareSpec, p: Profile, weight_dtype: str
         decode_flops = (2.0 * a.heads * (2 * a.kv_lora_rank + a.rope_head_dim)
                         if a.kind == "mla" else 2.0 * a.heads * (a.head_dim + a.v_head_dim))
         return AttentionCost(
-            kernel_ms=p.value("attn_kernel_us") / MS,
+            kernel_ms=p.value("attn_kernel_us") / MS, request_ms=p.value("attn_request_us") / MS,
             flops_ms=hw.flops[attn_dtype] / MS * p.value("attn_flops_efficiency"),
             bytes_ms=hbm_ms * p.value("attn_hbm_efficiency"),
             indexer_kernel_ms=0.0, indexer_bytes_ms=1.0,

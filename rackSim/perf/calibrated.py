@@ -340,9 +340,10 @@ class CalibratedStepModel:
         e = a.entries(ctx / reqs)
         # Heads are split; a single shared KV head or latent (and the index keys) is read by
         # all, GQA KV heads are split with the query heads.
-        attention = (a.layers * a.kernel_ms + reqs * e * (q * a.entry_flops / a.flops_ms / t
-                                                         + a.entry_bytes / a.bytes_ms
-                                                         / self._kv_shards))
+        attention = (a.layers * a.kernel_ms
+                     + reqs * (e * (q * a.entry_flops / a.flops_ms / t
+                                    + a.entry_bytes / a.bytes_ms / self._kv_shards)
+                               + a.layers * a.request_ms))
         indexer = a.decode_indexer_ms(reqs, ctx)
         dense = self._dense_fixed_ms + self._dense_ms(tokens, reqs, t, True)
         comm = self._tp_allreduce_ms(tokens, m.num_layers)
@@ -424,7 +425,7 @@ class CalibratedStepModel:
             # row (dense is affine in tokens and requests)
             one = self.dense.ms(1, 1, decode=True)
             kd = (q * (self.dense.ms(2, 1, decode=True) - one)
-                  + self.dense.ms(1, 2, decode=True) - one)
+                  + self.dense.ms(1, 2, decode=True) - one) + a.layers * a.request_ms
             alpha = per_entry * (a.layers * a.window + a.csa_layers * a.topk_entries) + kd
             beta = ki + per_entry * a.hca_layers / a.hca_compress
             terms = self._rank_terms_by_q[q] = (per_entry, ki, kd, alpha, beta)

@@ -16,7 +16,8 @@ from rackSim.perf.roofline import RooflineStepModel
 from rackSim.perf.step import DecodeBatch, PrefillBatch
 
 #: speeds a table profile fits for standard attention (values only matter for the arithmetic)
-ATTN = {"attn_kernel_us": 4.0, "attn_hbm_efficiency": 0.7, "attn_flops_efficiency": 0.5}
+ATTN = {"attn_kernel_us": 4.0, "attn_hbm_efficiency": 0.7, "attn_flops_efficiency": 0.5,
+        "attn_request_us": 0.0}
 NO_SPEC = ["deployment.decode.speculative.num_draft_tokens=0",
            "deployment.decode.speculative.accepted_tokens_per_step=1"]
 
