@@ -1,0 +1,101 @@
+"""Profiles from measured kernel tables: fits on small table slices predict their held-out rows
+within stated tolerances, and every model / GPU / precision the tables cannot calibrate is
+refused naming what is missing."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from rackSim.calibrate import table_profile as tp
+from rackSim.calibrate.command import main as calibrate_main
+from rackSim.config.specs import HardwareSpec, ModelSpec
+from rackSim.perf.calibrated import gemm_kernel
+from rackSim.perf.profile import Profile
+
+pytest.importorskip("aiconfigurator_core")
+
+
+def _specs(model: str, hardware: str) -> tuple[ModelSpec, HardwareSpec]:
+    return (ModelSpec(**tp.load_spec("model", model)),
+            HardwareSpec(**tp.load_spec("hardware", hardware)))
+
+
+def _kernels(hw: HardwareSpec) -> dict:
+    """GEMM speeds of the committed H200 profile (the MLA module fits price their GEMMs)."""
+    p = Profile.load(tp.CALIBRATION / "h200_hgx__deepseek_v3.yaml")
+    return {d: gemm_kernel(p, d, hw.hbm_bw_bytes_s, hw.flops[d]) for d in ("fp8", "bf16")}
+
+
+def test_gqa_decode_attention_predicts_left_out_contexts() -> None:
+    """Llama-3.1-70B on H200 (140 rows): every third context length is left out; its rows are
+    predicted within 10% (median) and 20% (90th percentile)."""
+    m, hw = _specs("meta_llama_3_1_70b", "h200_hgx")
+    fit = tp.fit_attention(tp.Tables(hw), m, hw, _kernels(hw), "decode")
+    assert fit.held_rows >= 30 and fit.fit_rows >= 60
+    assert fit.held_median_abs_err < 0.10 and fit.held_p90_abs_err < 0.20
+    assert 0.2 < fit.values["hbm_efficiency"] <= 1.0
+
+
+def test_mla_prefill_module_predicts_left_out_lengths() -> None:
+    m, hw = _specs("deepseek_v3", "h200_hgx")
+    fit = tp.fit_attention(tp.Tables(hw), m, hw, _kernels(hw), "prefill")
+    assert fit.held_median_abs_err < 0.15 and fit.held_p90_abs_err < 0.30
+
+
+def test_moe_predicts_left_out_ep_widths() -> None:
+    """Qwen3-235B experts on H200: fitted at EP 1, 4, 16, 64; EP 2, 8, 32, 128 predicted
+    within 8% (median) and 15% (90th percentile)."""
+    m, hw = _specs("qwen3_235b_a22b", "h200_hgx")
+    fit = tp.fit_moe(tp.Tables(hw), m, hw)
+    assert "[2, 8, 32, 128]" in fit.held_out
+    assert fit.held_median_abs_err < 0.08 and fit.held_p90_abs_err < 0.15
+
+
+def test_alltoall_and_allreduce_predict_left_out_sizes() -> None:
+    hw = _specs("qwen3_235b_a22b", "h200_hgx")[1]
+    t = tp.Tables(hw)
+    a2a, ar = tp.fit_alltoall(t, hw), tp.fit_allreduce(t, hw)
+    assert a2a.held_median_abs_err < 0.15 and ar.held_median_abs_err < 0.15
+    assert 0.0 < a2a.values["nvlink_efficiency"] <= 1.0
+
+
+def test_committed_profile_records_provenance_and_held_out_errors() -> None:
+    data = yaml.safe_load((tp.CALIBRATION / "h200_hgx__qwen3_235b_a22b.yaml").read_text())
+    for key in ("gemm_fp8", "decode_attention", "prefill_attention", "moe", "alltoall"):
+        rec = data["kernel_fit"][key]
+        assert rec["held_rows"] > 0 and "held_median_abs_err" in rec
+    assert data["params"]["moe_hbm_efficiency"]["source"].startswith("aiconfigurator-core")
+    assert data["params"]["cpu_step_ms"]["source"].startswith("ASSUMED: carried")
+    assert data["scenario_needs"] == "perf.weight_dtype=fp8"
+
+
+@pytest.mark.parametrize("model, hardware, expect", [
+    ("deepseek_v4_1_flash", "h200_hgx", ["no 'attention' section", "racksim-calibrate"]),
+    ("llama_9000", "h200_hgx", ["--model llama_9000", "meta_llama_3_1_70b"]),
+    ("meta_llama_3_1_70b", "tpu_v9", ["--hardware tpu_v9", "h200_hgx"]),
+])
+def test_refused_before_fitting(model: str, hardware: str, expect: list[str], capsys,
+                                tmp_path) -> None:
+    out = tmp_path / "p.yaml"
+    assert calibrate_main(["profile", "--model", model, "--hardware", hardware,
+                           "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    for word in expect:
+        assert word in err
+    assert not out.exists()
+
+
+def test_gpu_the_tables_do_not_cover_is_refused() -> None:
+    hw = HardwareSpec(**{**tp.load_spec("hardware", "h200_hgx"), "kernel_tables": "h900"})
+    with pytest.raises(tp.TableError, match=r"kernel_tables='h900'.*available: \[.*h200_sxm"):
+        tp.Tables(hw)
+
+
+def test_precision_the_tables_lack_is_refused() -> None:
+    """DeepSeek-V3's expert shape has no BF16 MoE rows on H200 (only FP8 block)."""
+    m, hw = _specs("deepseek_v3", "h200_hgx")
+    bf16 = m.model_copy(update={"gemm_dtype": "bf16"})
+    with pytest.raises(tp.TableError, match=r"moe_dtype='bfloat16'.*fp8_block"):
+        tp.fit_moe(tp.Tables(hw), bf16, hw)
+
