@@ -3,7 +3,9 @@
 Subcommands (each its own module with a `main(argv)`): `racksim-calibrate headline` (what the
 published headline implies, rackSim.calibrate.headline), `racksim-calibrate model CONFIG` (a
 model spec from a config.json, rackSim.calibrate.model_spec), `racksim-calibrate profile --model M
---hardware H` (a profile fitted to that GPU's kernel tables, rackSim.calibrate.table_profile).
+--hardware H` (a profile fitted to that GPU's kernel tables, rackSim.calibrate.table_profile),
+`racksim-calibrate peer` (generated models' step times beside aiconfigurator-core's estimates,
+rackSim.calibrate.peer_models).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ SUBCOMMANDS = {
     "prefill": "rackSim.calibrate.prefill",
     "model": "rackSim.calibrate.model_spec",
     "profile": "rackSim.calibrate.table_profile",
+    "peer": "rackSim.calibrate.peer_models",
 }
 
 

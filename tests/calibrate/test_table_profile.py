@@ -99,3 +99,18 @@ def test_precision_the_tables_lack_is_refused() -> None:
     with pytest.raises(tp.TableError, match=r"moe_dtype='bfloat16'.*fp8_block"):
         tp.fit_moe(tp.Tables(hw), bf16, hw)
 
+
+
+def test_peer_table_prices_the_same_steps_as_aiconfigurator() -> None:
+    """Qwen3-235B DEP4 on H200: rackSim's prefill step (GPU part) within 15% of
+    aiconfigurator-core's static estimate; the parts aic does not model are left out of it."""
+    from rackSim.calibrate import peer_models
+
+    pair = next(p for p in peer_models.PAIRS
+                if p.model == "qwen3_235b_a22b" and p.hardware == "h200_hgx")
+    df = peer_models.comparison([pair]).set_index("phase")
+    assert (df.racksim_gpu_ms <= df.racksim_ms).all()
+    assert abs(df.loc["prefill", "gpu_vs_aic"]) < 0.15
+    assert df.loc["decode", "moe_ms"] > 0 and df.loc["decode", "comm_ms"] > 0
+    table = peer_models.markdown(df.reset_index())
+    assert "| qwen3_235b_a22b | h200_hgx | DEP4 | prefill |" in table
