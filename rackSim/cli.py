@@ -28,7 +28,8 @@ def _run(tree: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from rackSim.config import ConfigError, load_run_config
+    from rackSim.config import load_run_config
+    from rackSim.config.errors import InputError
     from rackSim.report.table import format_summary
     from rackSim.run import run_sweep_job, simulate_to
 
@@ -42,10 +43,10 @@ def _run(tree: DictConfig) -> float | None:
         return None
     try:
         cfg = load_run_config(tree)
-    except ConfigError as err:
+        result = simulate_to(cfg, out)
+    except InputError as err:
         print(f"racksim: {err}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
-    result = simulate_to(cfg, out)
+        sys.exit(err.exit_code)
     print(format_summary(result.summary, title=f"{result.summary['scenario']}  ->  {out}"))
     if result.summary.get("partial"):
         print("racksim: interrupted; results written and marked PARTIAL", file=sys.stderr)
@@ -54,6 +55,14 @@ def _run(tree: DictConfig) -> float | None:
 
 
 def run() -> None:
+    from rackSim.config.errors import ScenarioError
+    from rackSim.config.scenarios import check_overrides
+
+    try:
+        check_overrides(sys.argv[1:])
+    except ScenarioError as err:
+        print(f"racksim: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
     _run()
 
 

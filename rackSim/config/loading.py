@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from rackSim.config.specs import RunConfig
+from rackSim.config.errors import ScenarioError, WorkloadFileError
+from rackSim.config.specs import RunConfig, WorkloadSpec
 
 
-class ConfigError(ValueError):
+class ConfigError(ScenarioError):
     """A scenario that cannot be simulated; the message names each bad field and the fix."""
 
 
-def _describe(err: ValidationError) -> str:
-    lines = []
+def _fields(err: ValidationError) -> list[str]:
+    out = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(run)"
         msg = e["msg"].removeprefix("Value error, ")
@@ -23,8 +25,12 @@ def _describe(err: ValidationError) -> str:
             msg = "unknown key; remove it or check its spelling"
         elif e["type"] == "missing":
             msg = "required field is missing"
-        lines.append(f"  {where}: {msg}")
-    return "invalid scenario:\n" + "\n".join(lines)
+        out.append(f"  {where}: {msg}")
+    return out
+
+
+def _describe(err: ValidationError) -> str:
+    return "invalid scenario:\n" + "\n".join(_fields(err))
 
 
 def load_run_config(tree: Mapping[str, Any] | Any) -> RunConfig:
@@ -41,3 +47,31 @@ def load_run_config(tree: Mapping[str, Any] | Any) -> RunConfig:
         return RunConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_describe(err)) from None
+
+
+def load_workload_file(path: Any) -> WorkloadSpec:
+    """A WorkloadSpec YAML file, validated; WorkloadFileError names the file, the line (YAML
+    syntax) or the fields, and the fix."""
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise WorkloadFileError(f"workload {path}: cannot read it ({err.strerror}); fix the "
+                                "path") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise WorkloadFileError(f"workload {path}{where}: not valid YAML "
+                                f"({getattr(err, 'problem', None) or err}); fix the file") \
+            from None
+    if not isinstance(data, dict):
+        raise WorkloadFileError(f"workload {path}: expected a mapping of WorkloadSpec fields "
+                                "(name, source, replay, ...); see docs/workload.md")
+    try:
+        return WorkloadSpec.model_validate(data)
+    except ValidationError as err:
+        raise WorkloadFileError(f"workload {path}: invalid workload:\n"
+                                + "\n".join(_fields(err))) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from rackSim.config.errors import ScenarioError
 from rackSim.config.loading import load_run_config
 from rackSim.config.specs import RunConfig
 
@@ -23,6 +24,53 @@ def compose_scenario(overrides: Sequence[str] = (), config_dir: Path | str | Non
     with initialize_config_dir(config_dir=str(config_dir or SCENARIOS_DIR), version_base=None):
         tree = compose("config", overrides=list(overrides))
     return load_run_config(tree)
+
+
+def check_overrides(args: Sequence[str], config_dir: Path | str | None = None) -> None:
+    """Compose the scenario the command line asks for, before Hydra runs it, so that an
+    unknown key or group option ends in one plain ScenarioError naming it and the fix (Hydra's
+    own report is a traceback line and a hint). Multirun and Hydra's own flags are left to
+    Hydra (each sweep job validates its scenario)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if any(a.startswith("-") for a in args):
+        return
+    overrides = [a for a in args if not a.lstrip("+~").startswith("hydra")]
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir or SCENARIOS_DIR),
+                                   version_base=None):
+            compose("config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ScenarioError(_plain_hydra_error(err, overrides)) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _plain_hydra_error(err: Exception, overrides: Sequence[str]) -> str:
+    """One line: which override is wrong, why, and the fix."""
+    import re
+
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else type(err).__name__
+    group = re.search(r"Could not find '([^']+)'", text)
+    if group is not None:
+        name = group[1]
+        base, _, option = name.rpartition("/")
+        options = sorted(p.stem for p in (SCENARIOS_DIR / base).glob("*.yaml")) if base else []
+        return (f"{base or name}={option}: no such option in scenarios/{base}/; "
+                f"choose one of {', '.join(options)}" if options else
+                f"{name}: no such config; check the group name (scenarios/)")
+    key = re.search(r"Key '([^']+)' is not in struct|Could not override '([^']+)'", text)
+    if key is not None:
+        name = key[1] or key[2]
+        return (f"{name}: no such scenario key; check its spelling (`racksim --cfg job` "
+                "lists the keys)")
+    return f"invalid override ({first}); overrides given: {' '.join(overrides)}"
 
 
 def with_changes(cfg: RunConfig, **sections: object) -> RunConfig:

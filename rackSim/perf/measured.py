@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from rackSim.config.errors import ProfileInputError
 from rackSim.perf.step import DecodeBatch, PrefillBatch, StepBreakdown
 
 PROFILE_FORMAT = "racksim-measured-profile/1"
@@ -78,18 +79,18 @@ class Profile:
 
     @classmethod
     def from_yaml(cls, path: Path) -> Profile:
-        """Read a profile; ValueError naming the missing field and the fix."""
-        try:
-            doc = yaml.safe_load(Path(path).read_text())
-        except OSError as err:
-            raise ValueError(f"profile: cannot read '{path}' ({err})") from err
-        if not isinstance(doc, dict) or doc.get("format") != PROFILE_FORMAT:
-            raise ValueError(f"profile '{path}': not a {PROFILE_FORMAT} file; produce one with "
-                             "`racksim-validate fit`")
+        """Read a profile; ProfileInputError naming the file, line or field and the fix."""
+        from rackSim.perf.profile import read_profile_yaml
+
+        doc = read_profile_yaml(path)
+        if doc.get("format") != PROFILE_FORMAT:
+            raise ProfileInputError(f"profile '{path}': not a {PROFILE_FORMAT} file; produce "
+                                    "one with `racksim-validate fit`")
         step = doc.get("step_ms") or {}
         missing = [k for k in COEFFS if k not in step]
         if missing:
-            raise ValueError(f"profile '{path}': step_ms lacks {missing}")
+            raise ProfileInputError(f"profile '{path}': step_ms lacks {missing}; refit it "
+                                    "with `racksim-validate fit`")
         return cls(coeffs={k: float(step[k]) for k in COEFFS},
                    overhead_ms=float(doc.get("overhead_ms", 0.0)),
                    api_overhead_ms=float(doc.get("api_overhead_ms", 0.0)),

@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from rackSim.config.errors import ProfileInputError
+
 
 class ProfileError(KeyError):
     """A parameter the model needs is missing from the profile."""
@@ -77,12 +79,45 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
-        data = yaml.safe_load(Path(path).read_text())
+        """Read a profile; ProfileInputError names the file, the line or field, and the fix."""
+        data = read_profile_yaml(path)
+        for key in ("name", "params"):
+            if key not in data:
+                raise ProfileInputError(
+                    f"perf.profile {path}: no '{key}' field, so this is not a calibration "
+                    "profile; point perf.profile at a file `racksim-calibrate` wrote "
+                    "(calibration/*.yaml)")
+        if not isinstance(data["params"], dict):
+            raise ProfileInputError(f"perf.profile {path}: field 'params' must be a mapping "
+                                    "of parameter name to {value, unit, fitted_to, source}")
         known = {"name", "constants", "params", "settings", "residuals", "kernel_fit"}
         return cls(name=data["name"], params=data.get("params") or {},
                    constants=data.get("constants") or {}, settings=data.get("settings") or {},
                    residuals=data.get("residuals") or [], kernel_fit=data.get("kernel_fit") or {},
                    meta={k: v for k, v in data.items() if k not in known})
+
+
+def read_profile_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping in a profile YAML file; ProfileInputError (file, line) when it cannot be
+    read, is not YAML, or is not a mapping."""
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ProfileInputError(f"perf.profile {path}: cannot read it ({err.strerror}); fix "
+                                "the path") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ProfileInputError(f"perf.profile {path}{where}: not valid YAML "
+                                f"({getattr(err, 'problem', None) or err}); fix the file or "
+                                "point perf.profile at a calibration profile") from None
+    if not isinstance(data, dict):
+        raise ProfileInputError(f"perf.profile {path}: expected a mapping of profile fields, "
+                                f"got {type(data).__name__}; point perf.profile at a "
+                                "calibration profile")
+    return data
 
 
 def _plain(obj: Any) -> Any:

@@ -12,10 +12,11 @@ The server's shape (KV block size and capacity from /metrics; scheduler limits f
 a local server, `run --server-log`) is recorded in run.json; `fit` prices the run with it and
 `compare` refuses a profile fitted on another shape unless `--allow-other-shape`.
 
-Exit codes: 0 done; 2 bad input (the message names the flag or field); 3 the run stopped
-because more than --max-errors requests failed (resume with --resume); 4 an endpoint is
-unreachable or not vLLM; 5 a server restarted or changed shape mid-run (run.json says what);
-130 interrupted (everything recorded so far is kept; --resume).
+Exit codes: 0 done; bad input by class as for every command (`rackSim.config.errors`: 2 flags,
+3 profile, 4 workload YAML, 5 session pool, 8 an endpoint unreachable or not vLLM); 9 the run
+stopped because more than --max-errors requests failed (resume with --resume); 10 a server
+restarted or changed shape mid-run (run.json says what); 130 interrupted (everything
+recorded so far is kept; --resume).
 """
 
 from __future__ import annotations
@@ -26,14 +27,16 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
+from rackSim.config.errors import EndpointInputError, InputError
+from rackSim.config.loading import load_workload_file
 from rackSim.config.specs import WorkloadSpec
 from rackSim.validate.faults import ErrorPolicy
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_ERRORS, EXIT_ENDPOINT, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
-EXIT_SERVER_CHANGED = 5
+EXIT_OK, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, InputError.exit_code, 130
+EXIT_ENDPOINT = EndpointInputError.exit_code
+EXIT_ERRORS, EXIT_SERVER_CHANGED = 9, 10
 
 
 class HELP(argparse.ArgumentDefaultsHelpFormatter):
@@ -48,7 +51,7 @@ class HELP(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-class BadInput(ValueError):
+class BadInput(InputError):
     pass
 
 
@@ -186,11 +189,7 @@ def _workload(args: argparse.Namespace) -> WorkloadSpec:
     from rackSim.validate.workloads import cpu_tiny_workload
 
     if args.workload is not None:
-        try:
-            data = yaml.safe_load(args.workload.read_text())
-        except OSError as err:
-            raise BadInput(f"--workload: cannot read {args.workload} ({err})") from err
-        base = WorkloadSpec.model_validate(data)
+        base = load_workload_file(args.workload)
     else:
         base = cpu_tiny_workload(2)
     d = base.model_dump()
@@ -384,7 +383,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `racksim-validate`; returns the exit code."""
-    from rackSim.validate.scrape import EndpointError
     from rackSim.validate.server import ServerError
 
     args = _parser().parse_args(argv)
@@ -392,10 +390,13 @@ def main(argv: list[str] | None = None) -> int:
                "compare": _cmd_compare, "serve": _cmd_serve, "grid": _cmd_grid}[args.cmd]
     try:
         return handler(args)
-    except (EndpointError, ServerError) as err:
+    except InputError as err:
+        print(f"racksim-validate {args.cmd}: {err}", file=sys.stderr)
+        return err.exit_code
+    except ServerError as err:
         print(f"racksim-validate: {err}", file=sys.stderr)
         return EXIT_ENDPOINT
-    except (BadInput, ValidationError, ValueError, FileExistsError, FileNotFoundError) as err:
+    except (ValidationError, ValueError, FileExistsError, FileNotFoundError) as err:
         print(f"racksim-validate {args.cmd}: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

@@ -16,8 +16,10 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from rackSim.config.errors import EndpointInputError
 
-class EndpointError(RuntimeError):
+
+class EndpointError(EndpointInputError):
     """An endpoint is unreachable or not a vLLM server (the message says which and why)."""
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from rackSim.config.errors import AgentLogInputError
 from rackSim.workload.graph import RequestSpec, SessionGraph
 
 
@@ -58,7 +59,7 @@ class SessionRejected(Exception):
         super().__init__(str(issue))
 
 
-class LogImportError(ValueError):
+class LogImportError(AgentLogInputError):
     """Strict import refused the pool (or nothing importable was found); lists every issue."""
 
     def __init__(self, issues: list[LogIssue], headline: str):

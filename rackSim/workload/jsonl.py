@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rackSim.config.errors import PoolInputError, TraceInputError
 from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, SessionInstance
 from rackSim.workload.tokens import block_hashes
 
@@ -20,12 +21,18 @@ FORMAT = "racksim-workload"
 VERSION = 1
 
 
-class WorkloadFormatError(ValueError):
+class WorkloadFormatError(PoolInputError):
     """A workload file is malformed; `line` (1-based) and `field` say where."""
 
     def __init__(self, path: str | Path, line: int, field: str, message: str):
         self.path, self.line, self.field = str(path), line, field
         super().__init__(f"{path}:{line}: field '{field}': {message}")
+
+
+class TraceFormatError(WorkloadFormatError):
+    """A trace file (Mooncake JSONL, Azure CSV) is malformed."""
+
+    exit_code = TraceInputError.exit_code
 
 
 def save_jsonl(graphs: Iterable[SessionGraph], path: str | Path,

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph
-from rackSim.workload.jsonl import WorkloadFormatError
+from rackSim.workload.jsonl import TraceFormatError
 
 TRACE_KEY_BASE = 1 << 62
 AZURE_KEY_BASE = TRACE_KEY_BASE + (1 << 60)
@@ -52,7 +52,7 @@ def load_mooncake(path: str | Path, seed: int = 0, jitter_s: float | None = None
             if text.strip():
                 rows.append((line, _mooncake_row(path, line, text)))
     if not rows:
-        raise WorkloadFormatError(path, 1, "timestamp", "empty trace")
+        raise TraceFormatError(path, 1, "timestamp", "empty trace")
     t_ms = np.array([r[1][0] for r in rows], dtype=np.float64)
     bucket_ms = MOONCAKE_BUCKET_S * 1e3
     snapped = np.round(t_ms / bucket_ms)
@@ -100,30 +100,30 @@ def _mooncake_row(path: str | Path, line: int, text: str) -> tuple[float, int, i
     try:
         row = json.loads(text)
     except json.JSONDecodeError as e:
-        raise WorkloadFormatError(path, line, "<json>", f"not valid JSON ({e.msg})") from None
+        raise TraceFormatError(path, line, "<json>", f"not valid JSON ({e.msg})") from None
     if not isinstance(row, dict):
-        raise WorkloadFormatError(path, line, "<json>", "expected a JSON object")
+        raise TraceFormatError(path, line, "<json>", "expected a JSON object")
     vals = []
     for fld in ("timestamp", "input_length", "output_length"):
         v = row.get(fld)
         if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or v != v:
-            raise WorkloadFormatError(path, line, fld, f"must be a number >= 0, got {v!r}")
+            raise TraceFormatError(path, line, fld, f"must be a number >= 0, got {v!r}")
         vals.append(v)
     ts, prompt, out = vals
     if int(prompt) != prompt or prompt < 1:
-        raise WorkloadFormatError(path, line, "input_length", f"must be an integer >= 1, got "
+        raise TraceFormatError(path, line, "input_length", f"must be an integer >= 1, got "
                                                               f"{prompt!r}")
     if int(out) != out or out < 1:
-        raise WorkloadFormatError(path, line, "output_length", f"must be an integer >= 1, got "
+        raise TraceFormatError(path, line, "output_length", f"must be an integer >= 1, got "
                                                                f"{out!r}")
     hashes = row.get("hash_ids")
     if not isinstance(hashes, list) or not all(
             isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 1 << 60 for h in hashes):
-        raise WorkloadFormatError(path, line, "hash_ids", "must be a list of integers in "
+        raise TraceFormatError(path, line, "hash_ids", "must be a list of integers in "
                                                           "[0, 2**60)")
     want = -(-int(prompt) // MOONCAKE_BLOCK_TOKENS)
     if len(hashes) != want:
-        raise WorkloadFormatError(path, line, "hash_ids", f"{len(hashes)} ids, an input of "
+        raise TraceFormatError(path, line, "hash_ids", f"{len(hashes)} ids, an input of "
                                   f"{prompt} tokens has {want} blocks of 512")
     return float(ts), int(prompt), int(out), hashes
 
@@ -136,9 +136,9 @@ def load_azure(path: str | Path) -> list[SessionGraph]:
     df = pd.read_csv(path, dtype=str, keep_default_na=False)
     for col in _AZURE_COLUMNS:
         if col not in df.columns:
-            raise WorkloadFormatError(path, 1, col, f"missing column (have {list(df.columns)})")
+            raise TraceFormatError(path, 1, col, f"missing column (have {list(df.columns)})")
     if df.empty:
-        raise WorkloadFormatError(path, 2, "TIMESTAMP", "empty trace")
+        raise TraceFormatError(path, 2, "TIMESTAMP", "empty trace")
     ts = pd.to_datetime(df["TIMESTAMP"], format="ISO8601", errors="coerce")
     _first_bad(path, ts.isna().to_numpy(), "TIMESTAMP", df["TIMESTAMP"], "not a timestamp")
     lengths = {}
@@ -161,4 +161,4 @@ def _first_bad(path: str | Path, bad: np.ndarray, col: str, values: pd.Series,
                what: str) -> None:
     if bad.any():
         i = int(np.argmax(bad))
-        raise WorkloadFormatError(path, i + 2, col, f"{what}, got {values.iloc[i]!r}")
+        raise TraceFormatError(path, i + 2, col, f"{what}, got {values.iloc[i]!r}")

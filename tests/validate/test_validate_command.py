@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from validate_support import TRUE_COEFFS, simulated_run_dir
 
+from rackSim.config.errors import ProfileInputError
 from rackSim.perf.measured import Profile, ServerShape
 from rackSim.validate.command import EXIT_BAD_INPUT, EXIT_OK, main
 
@@ -44,7 +45,7 @@ def test_ingest_and_bad_inputs(run_dir, tmp_path, capsys):
     assert main(["ingest", "--out", str(tmp_path / "j")]) == EXIT_BAD_INPUT
     (tmp_path / "bad.yaml").write_text("format: other\n")
     assert main(["compare", "--run", str(run_dir), "--profile",
-                 str(tmp_path / "bad.yaml")]) == EXIT_BAD_INPUT
+                 str(tmp_path / "bad.yaml")]) == ProfileInputError.exit_code == 3
     assert "racksim-validate fit" in capsys.readouterr().err
 
 

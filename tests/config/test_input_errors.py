@@ -1,0 +1,102 @@
+"""Every input class ends in one plain message naming the file, line or field and the fix,
+with its class's exit code (rackSim.config.errors)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from rackSim.config.errors import (
+    InputError,
+    PoolInputError,
+    ProfileInputError,
+    ScenarioError,
+    TraceInputError,
+    WorkloadFileError,
+)
+from rackSim.config.loading import load_workload_file
+from rackSim.config.scenarios import check_overrides
+from rackSim.perf.measured import Profile as MeasuredProfile
+from rackSim.perf.profile import Profile
+
+CMD = [sys.executable, "-c", "from rackSim.cli import run; run()"]
+
+
+def test_exit_codes_are_distinct_per_class():
+    import rackSim.config.errors as errors
+
+    classes = [c for c in vars(errors).values()
+               if isinstance(c, type) and issubclass(c, InputError) and c is not InputError]
+    codes = [c.exit_code for c in classes]
+    assert len(set(codes)) == len(codes) == 7 and 0 not in codes
+
+
+@pytest.mark.parametrize("override,match", [
+    ("workload=nonexistent", r"workload=nonexistent: no such option in scenarios/workload/; "
+                             r"choose one of .*agentx"),
+    ("foo.bar=1", r"foo.bar: no such scenario key; check its spelling"),
+    ("deployment.decode.gpuz=3", r"deployment.decode.gpuz: no such scenario key")])
+def test_unknown_keys_and_options_are_named(override, match):
+    with pytest.raises(ScenarioError, match=match):
+        check_overrides(["experiment=smoke", override])
+
+
+def test_good_overrides_and_hydra_flags_pass():
+    check_overrides(["experiment=smoke", "deployment.decode.gpus=16", "hydra.run.dir=/tmp/x"])
+    check_overrides(["-m", "nonsense.key=1,2"])  # sweeps: each job validates its scenario
+
+
+def test_profiles_that_are_not_profiles(tmp_path):
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("name: x\nparams: {a: [1, 2\n")
+    with pytest.raises(ProfileInputError, match=r"bad.yaml:3: not valid YAML"):
+        Profile.load(bad_yaml)
+    other = tmp_path / "other.yaml"
+    other.write_text("format: something-else\n")
+    with pytest.raises(ProfileInputError, match=r"no 'name' field, so this is not a calibration"):
+        Profile.load(other)
+    with pytest.raises(ProfileInputError, match=r"cannot read it"):
+        Profile.load(tmp_path / "absent.yaml")
+    with pytest.raises(ProfileInputError, match=r"racksim-validate fit"):
+        MeasuredProfile.from_yaml(other)
+
+
+def test_workload_yaml_errors_name_line_and_field(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("name: w\nsource: synthetic\nreplay: {concurrency: [\n")
+    with pytest.raises(WorkloadFileError, match=r"w.yaml:\d+: not valid YAML"):
+        load_workload_file(path)
+    path.write_text("name: w\nsource: synthetic\nreplay: {concurrency: -1}\n")
+    with pytest.raises(WorkloadFileError, match=r"replay.concurrency: Input should be greater"):
+        load_workload_file(path)
+
+
+def _racksim(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CMD, f"hydra.run.dir={tmp_path / 'run'}", "experiment=smoke",
+                           "progress=false", *overrides], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("case", ["key", "profile", "pool", "trace"])
+def test_racksim_ends_in_one_line_and_the_class_code(case, tmp_path):
+    files = {"profile": ("p.yaml", "format: x\n"),
+             "pool": ("pool.jsonl", '{"format": "racksim-workload", "version": 1}\n{"sess\n'),
+             "trace": ("t.jsonl", '{"timestamp": 1, "input_length": -3}\n')}
+    overrides, code = {
+        "key": (["deployment.decode.gpuz=3"], ScenarioError.exit_code),
+        "profile": ([f"perf.profile={tmp_path / 'p.yaml'}"], ProfileInputError.exit_code),
+        "pool": (["workload=imported_logs", f"workload.path={tmp_path / 'pool.jsonl'}"],
+                 PoolInputError.exit_code),
+        "trace": (["workload=mooncake_conversation", f"workload.path={tmp_path / 't.jsonl'}"],
+                  TraceInputError.exit_code)}[case]
+    if case in files:
+        name, text = files[case]
+        (tmp_path / name).write_text(text)
+    p = _racksim(tmp_path, *overrides)
+    assert p.returncode == code, p.stderr
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert lines[0].startswith("racksim: ") and "Traceback" not in p.stderr
+    assert "HYDRA_FULL_ERROR" not in p.stderr
+    assert not (tmp_path / "run" / "summary.json").exists()
