@@ -48,3 +48,29 @@ def test_gqa_moe_model_routes_experts_over_ep_ranks() -> None:
     assert (decode.moe_ms > 0).all() and (decode.comm_ms > 0).all()
     # expert-load imbalance is tracked (EPLB) and reported per step
     assert decode.balancedness.between(0.05, 1.0).all()
+
+
+@pytest.mark.slow
+def test_two_models_by_three_gpus_sweep_from_one_line(tmp_path) -> None:
+    """One `racksim -m` line: each job picks its pair's profile by interpolating the chosen
+    model and hardware; the sweep table has six scenarios."""
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    cmd = [sys.executable, "-c", "from rackSim.cli import run; run()", "-m",
+           "model=meta_llama_3_1_70b,qwen3_235b_a22b", "hardware=h200_hgx,b200_hgx,b300_hgx",
+           "perf.profile=calibration/${hydra:runtime.choices.hardware}__"
+           "${hydra:runtime.choices.model}.yaml", f"hydra.sweep.dir={tmp_path}",
+           "deployment.prefill.instances=1", "deployment.prefill.gpus_per_instance=4",
+           "workload.replay.window_s=10",
+           *[c for c in COMMON if not c.startswith(("hardware=", "workload.replay.window_s"))]]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    table = pd.read_csv(tmp_path / "sweep.csv")
+    assert len(table) == 6 and (table.status == "ok").all()
+    # a faster GPU gives the same model a shorter decode step
+    step = table.set_index(["model", "hardware"]).decode_step_ms
+    for model in ("meta_llama_3_1_70b", "qwen3_235b_a22b"):
+        assert step[(model, "b200_hgx")] < step[(model, "h200_hgx")]
