@@ -12,6 +12,7 @@ from __future__ import annotations
 import pandas as pd
 
 from rackSim.plan.screen import Rejected
+from rackSim.plan.spec import PlanSpec
 
 ORDER = ["fleet_usd_h", "gpus", "headroom_min"]
 ASCENDING = [True, True, False]
@@ -35,6 +36,34 @@ def to_confirm(screened: pd.DataFrame, k: int) -> pd.DataFrame:
     widths), so the simulation sees different ways to serve the demand."""
     best = ranked(screened).drop_duplicates(["hardware", "family_key"])
     return best.head(k)
+
+
+def screen_optimism(confirmed: pd.DataFrame) -> tuple[float, float]:
+    """How optimistic the screen was on the simulated candidates, as factors >= 1:
+    (screen / DES interactivity, DES / screen TTFT P90), the worst of each."""
+    ok = confirmed[confirmed["des_status"] == "ok"]
+    if not len(ok):
+        return 1.0, 1.0
+    f_int = (ok["interactivity_tok_s"] / ok["des_interactivity_tok_s"]).max()
+    f_ttft = (ok["des_ttft_p90_ms"] / ok["ttft_p90_ms"]).max()
+    return max(1.0, float(f_int)), max(1.0, float(f_ttft))
+
+
+def next_round(screened: pd.DataFrame, confirmed: pd.DataFrame, plan: PlanSpec
+               ) -> pd.DataFrame:
+    """Candidates for another confirmation round, after none of `confirmed` met the SLOs in
+    the simulation: those not yet simulated whose screen prediction still meets the SLOs when
+    discounted by the screen's worst optimism so far (`screen_optimism`), best per family."""
+    f_int, f_ttft = screen_optimism(confirmed)
+    slo = plan.slo
+    safe = screened[screened["within_budget"]
+                    & (screened["interactivity_tok_s"] / f_int
+                       >= slo.interactivity_p90_tok_s_user_min)
+                    & (screened["ttft_p90_ms"] * f_ttft <= slo.ttft_p90_s_max * 1e3)
+                    & ~screened.index.isin(confirmed.index)]
+    if slo.ttft_p50_s_max is not None:
+        safe = safe[safe["ttft_p50_ms"] * f_ttft <= slo.ttft_p50_s_max * 1e3]
+    return to_confirm(safe[safe["feasible"]], plan.confirm.top_k)
 
 
 def chosen(candidates: pd.DataFrame, n: int) -> pd.DataFrame:

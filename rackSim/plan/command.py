@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rackSim.plan.choose import chosen, families, to_confirm
+from rackSim.plan.choose import chosen, families, next_round, to_confirm
 from rackSim.plan.confirm import compare, run_confirmation, write_candidates
 from rackSim.plan.demand import profile_demand
 from rackSim.plan.inputs import PlanInputs
@@ -81,15 +81,22 @@ def run_plan(inputs: PlanInputs, out_dir: Path, overrides: Sequence[str] = ()) -
     screen_s = time.perf_counter() - t0
     print(f"racksim-plan: screened {len(screened)} candidates in {screen_s:.1f} s, "
           f"{int(screened['feasible'].sum())} meet the SLOs within the limits", file=sys.stderr)
-    picks = to_confirm(screened, plan.confirm.top_k).copy()
+    picks = to_confirm(screened, plan.confirm.top_k)
     confirmed = picks.iloc[0:0]
-    if len(picks):
-        picks["candidate"] = write_candidates(picks, plan, out_dir)
+    for round_ in range(1, plan.confirm.rounds + 1):
+        if not len(picks):
+            break
+        picks = picks.assign(candidate=write_candidates(picks, plan, out_dir),
+                             confirm_round=round_)
         sim = run_confirmation(picks["candidate"].tolist(), plan, out_dir,
                                scenario_overrides(overrides))
-        confirmed = compare(picks, sim)
-        confirmed["des_verdict"] = [des_verdict(r, inputs) for _, r in confirmed.iterrows()]
-        confirmed["des_meets_slo"] = confirmed["des_verdict"] == ""
+        got = compare(picks, sim)
+        got["des_verdict"] = [des_verdict(r, inputs) for _, r in got.iterrows()]
+        got["des_meets_slo"] = got["des_verdict"] == ""
+        confirmed = pd.concat([confirmed, got])
+        if got["des_meets_slo"].any():
+            break
+        picks = next_round(screened, confirmed, plan)
     pool = screened if not len(confirmed) else pd.concat(
         [confirmed, screened.drop(index=confirmed.index)])
     plans = chosen(pool, plan.plans)

@@ -144,6 +144,9 @@ class Confirm(PlanModel):
     window_s: PositiveFloat = 60.0
     warmup_requests_per_lane: int = Field(default=1, ge=0)
     fleet: bool = True
+    rounds: PositiveInt = Field(default=2, description=(
+        "confirmation rounds: while no simulated candidate meets the SLOs, simulate the next "
+        "best whose screen prediction clears them by the screen's worst error so far"))
 
 
 class PlanSpec(PlanModel):

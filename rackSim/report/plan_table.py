@@ -14,6 +14,7 @@ import pandas as pd
 #: planner column -> plan-table column (units in the name)
 COLUMNS = {
     "status": "status",
+    "confirm_round": "round",
     "hardware": "hardware",
     "racks": "racks",
     "gpus": "GPUs used",

@@ -1,0 +1,49 @@
+"""Choosing plans: preference order, simulated verdicts first, and the next confirmation
+round after the simulation rejected the first, by hand on small frames."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from rackSim.plan.choose import chosen, next_round, screen_optimism, to_confirm
+
+
+def _frame(rows: list[dict]) -> pd.DataFrame:
+    base = {"hardware": "gb300_nvl72", "within_budget": True, "feasible": True,
+            "gpus": 40, "headroom_min": 0.1, "ttft_p50_ms": 100.0}
+    return pd.DataFrame([{**base, **r} for r in rows])
+
+
+def test_cheapest_first_then_fewest_gpus_then_headroom():
+    df = _frame([
+        {"family_key": "a", "fleet_usd_h": 720, "gpus": 80, "headroom_min": 0.5},
+        {"family_key": "a", "fleet_usd_h": 720, "gpus": 40, "headroom_min": 0.01},
+        {"family_key": "b", "fleet_usd_h": 360, "gpus": 60, "headroom_min": 0.2},
+        {"family_key": "c", "fleet_usd_h": 360, "gpus": 60, "headroom_min": 0.3,
+         "feasible": False},
+    ])
+    assert to_confirm(df, 2).index.tolist() == [2, 1]
+    # simulated within the SLOs beats the screen's order; simulated and missing goes last
+    df["des_meets_slo"] = [True, None, False, None]
+    assert chosen(df, 3).index.tolist() == [0, 1, 2]
+
+
+def test_next_round_discounts_the_screen_by_its_worst_error(small_inputs):
+    confirmed = _frame([
+        {"family_key": "a", "fleet_usd_h": 720, "interactivity_tok_s": 160.0,
+         "ttft_p90_ms": 1900.0, "des_status": "ok", "des_interactivity_tok_s": 150.0,
+         "des_ttft_p90_ms": 2280.0},  # screen 6.7 % high on interactivity, 20 % low on TTFT
+    ])
+    assert screen_optimism(confirmed) == pytest.approx((160 / 150, 1.2))
+    screened = pd.concat([confirmed.drop(columns=[c for c in confirmed if c.startswith("des")]),
+                          _frame([
+        {"family_key": "a", "fleet_usd_h": 720, "interactivity_tok_s": 170.0,
+         "ttft_p90_ms": 1700.0},   # 1700 x 1.2 = 2040 ms > 2 s: still too close
+        {"family_key": "a", "fleet_usd_h": 1080, "interactivity_tok_s": 170.0,
+         "ttft_p90_ms": 1600.0},   # 1920 ms, 159 tok/s/user: clears both
+        {"family_key": "b", "fleet_usd_h": 1080, "interactivity_tok_s": 158.0,
+         "ttft_p90_ms": 1000.0},   # 158 / 1.067 = 148 < 150
+    ])], ignore_index=True)
+    plan = small_inputs.plan  # SLOs: 150 tok/s/user, TTFT P90 2 s
+    assert next_round(screened, confirmed, plan).index.tolist() == [2]
