@@ -104,8 +104,12 @@ def find_config(source: str) -> tuple[dict[str, Any], str]:
 
 
 def slug(source: str) -> str:
-    """File name stem of a model spec: the config's model name in snake case."""
-    stem = Path(source).name.removesuffix(".json").removesuffix("_config")
+    """File name stem of a model spec: the config's model name in snake case (a file named
+    config.json is named after its directory, as in a Hugging Face snapshot)."""
+    path = Path(source)
+    stem = path.name.removesuffix(".json").removesuffix("_config")
+    if stem == "config" and path.parent.name:
+        stem = path.parent.name
     return re.sub(r"[^a-z0-9]+", "_", stem.split("--")[-1].lower()).strip("_")
 
 
@@ -323,9 +327,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    name = args.name or slug(args.config)
     try:
         data, source = find_config(args.config)
+        name = args.name or slug(data.get("_name_or_path") or args.config)
         spec = spec_from_config(data, source, name, args.precision)
         out = args.out_dir / f"{name}.yaml"
         model = write_spec(spec, source, args.precision, out)

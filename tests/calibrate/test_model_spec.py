@@ -105,7 +105,7 @@ def test_bad_configs_are_refused_naming_the_field(tmp_path: Path, change: dict,
     err = capsys.readouterr().err
     for word in expect:
         assert word in err
-    assert not (tmp_path / "config.yaml").exists()   # nothing written
+    assert not list(tmp_path.glob("*.yaml"))   # nothing written
 
 
 def test_unknown_config_name_lists_the_closest(capsys) -> None:
@@ -125,6 +125,14 @@ def test_gqa_kv_bytes_and_params_scale_with_the_shapes(layers: int, kv: int, gro
     assert m.kv_bytes_per_token == 2 * layers * kv * head_dim * 2
     attn = 8192 * (heads + 2 * kv) * head_dim + heads * head_dim * 8192
     assert m.dense_params == layers * (attn + 3 * 8192 * 28672) + 2 * 128256 * 8192
+
+
+def test_a_config_json_is_named_after_its_directory(tmp_path: Path) -> None:
+    folder = tmp_path / "Llama-3.1-70B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA))
+    assert calibrate_main(["model", str(folder / "config.json"), "--out-dir", str(tmp_path)]) == 0
+    assert ModelSpec(**yaml.safe_load((tmp_path / "llama_3_1_70b.yaml").read_text()))
 
 
 def test_unknown_precision_is_refused() -> None:
