@@ -4,7 +4,11 @@ splitting GQA KV heads, and the reference model's numbers untouched."""
 
 from __future__ import annotations
 
+from functools import cache
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rackSim.calibrate.scenario import DEFAULT_PROFILE
 from rackSim.config import compose_scenario
@@ -123,3 +127,23 @@ def test_roofline_prices_a_dense_model_without_experts() -> None:
     cfg = _cfg("meta_llama_3_1_70b", "perf.model=roofline")
     out = RooflineStepModel(cfg).decode_step(_decode([8] * 4, [8 * 4000.0] * 4))
     assert out.moe == 0.0 and out.comm == 0.0 and out.dense > 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(reqs=st.integers(1, 256), ctx=st.floats(1.0, 60_000.0),
+       more=st.floats(1.0, 60_000.0), model=st.sampled_from(["meta_llama_3_1_70b",
+                                                             "deepseek_v3"]))
+def test_decode_attention_grows_with_context_and_requests(reqs: int, ctx: float, more: float,
+                                                           model: str) -> None:
+    a = _attn(model)
+    base = a.decode_attention_ms(reqs, reqs * ctx, 1)
+    assert a.decode_attention_ms(reqs, reqs * (ctx + more), 1) >= base
+    assert a.decode_attention_ms(reqs + 1, (reqs + 1) * ctx, 1) >= base
+    # more query tokens per request (speculative verification) only add FLOPs
+    assert a.decode_attention_ms(reqs, reqs * ctx, 4) >= base
+
+
+@cache
+def _attn(model: str):
+    cfg = _cfg(model)
+    return attention_cost(cfg.model, cfg.hardware, _profile(), "fp8")
