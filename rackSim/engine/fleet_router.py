@@ -111,9 +111,9 @@ class FleetRouter:
         return home, "prefix_home"
 
     # -- decode --------------------------------------------------------------------------
-    def place_decode(self, job: Job) -> tuple[DecodeInstance, int, int]:
-        """Decode instance and DP rank for a prefilled `job`, and the prompt blocks that rank
-        already holds."""
+    def place_decode(self, job: Job) -> tuple[int, int]:
+        """Place a prefilled `job` on a decode instance (`job.decode`, `job.rank_id`,
+        `job.remote`); returns its DP rank there and the prompt blocks that rank holds."""
         rack = self.racks[job.rec.prefill_rack]
         key = job.inst.key_base
         inst = self._decode.get(key)
@@ -132,7 +132,7 @@ class FleetRouter:
         rec.decode_instance, rec.decode_rack = inst.index, inst.rack
         if job.remote:
             rec.route += "+decode_remote"
-        return inst, rank, hit
+        return rank, hit
 
 
 def _work(rack: Rack) -> float:

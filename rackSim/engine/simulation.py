@@ -118,7 +118,7 @@ class Simulation:
 
     def _prefilled(self, job: Job) -> None:
         self.router.prefilled(job)
-        _, rank, hit_blocks = self.router.place_decode(job)
+        rank, hit_blocks = self.router.place_decode(job)
         job.decode_rank = rank
         moved = max(0, job.prompt_tokens - hit_blocks * BLOCK_TOKENS)
         self.transfer.send(job, moved * self._kv_bytes_per_token)
