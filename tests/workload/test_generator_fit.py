@@ -1,0 +1,138 @@
+"""Maximum-likelihood fit of the AgentX generator: recovery, coverage, censoring, command."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from rackSim.config.specs import WorkloadSpec
+from rackSim.workload.agent_logs import import_sessions
+from rackSim.workload.agentx import AgentXSpec, Dist, generate_agentx
+from rackSim.workload.claude_code_logs import read_claude_code
+from rackSim.workload.command import main
+from rackSim.workload.generator_fit import fit_generator, fit_lognormal
+from rackSim.workload.jsonl import save_jsonl
+
+FIXTURES = Path(__file__).parent / "fixtures" / "agent_logs"
+SPEC = AgentXSpec()
+
+
+def _truth(spec: AgentXSpec, quantity: str, parameter: str) -> float:
+    value = getattr(spec, quantity)
+    return getattr(value, parameter) if isinstance(value, Dist) else value
+
+
+def _misses(fit, spec: AgentXSpec) -> list[str]:
+    return [f"{p.quantity}.{p.parameter}: {_truth(spec, p.quantity, p.parameter)} not in "
+            f"[{p.ci_low:.4g}, {p.ci_high:.4g}]" for p in fit.params
+            if not p.ci_low <= _truth(spec, p.quantity, p.parameter) <= p.ci_high]
+
+
+@settings(max_examples=5, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_fit_recovers_a_generated_pool_within_its_intervals(seed):
+    """Every parameter of the generating spec lies in its interval at a joint 99.9 % level
+    (Bonferroni over the 21 parameters), and the intervals are as narrow as the sample
+    allows."""
+    graphs = generate_agentx(SPEC, seed, num_sessions=200)
+    fit = fit_generator(graphs, SPEC, confidence=1 - 0.001 / 21)
+    assert len(fit.params) == 21 and not fit.held
+    assert _misses(fit, SPEC) == []
+    for p in fit.params:  # Wald widths: ~8 sigma / sqrt(n) (median), ~6 / sqrt(n) (sigma)
+        if p.parameter in ("median", "sigma"):
+            scale = max(1.0, getattr(SPEC, p.quantity).sigma)
+            assert (p.ci_high - p.ci_low) / p.estimate < 10 * scale / math.sqrt(p.n), p
+
+
+def test_ninety_five_percent_intervals_cover_about_ninety_five_percent():
+    misses = total = 0
+    for seed in range(10):
+        fit = fit_generator(generate_agentx(SPEC, 1000 + seed, num_sessions=150), SPEC)
+        misses += len(_misses(fit, SPEC))
+        total += len(fit.params)
+    # 5 % of 210 is 10.5; 1..25 holds with probability > 0.999 if the level is right
+    assert 1 <= misses <= 25, (misses, total)
+
+
+def test_clipping_and_rounding_are_in_the_likelihood():
+    """Counts from a wide lognormal clipped at 1 pile up at the bound; the censored fit
+    recovers the latent parameters where a plain lognormal fit of the counts does not."""
+    rng = np.random.default_rng(7)
+    bounds = Dist(kind="lognormal", median=3.0, sigma=1.2, min=1, max=60)
+    x = np.array([bounds.sample_int(rng, lo=1) for _ in range(4000)])
+    dist, rows = fit_lognormal("turns", x, bounds)
+    med, sig = rows
+    assert med.ci_low <= 3.0 <= med.ci_high and sig.ci_low <= 1.2 <= sig.ci_high
+    naive_sigma, _, naive_scale = stats.lognorm.fit(x, floc=0)
+    assert not sig.ci_low <= naive_sigma <= sig.ci_high
+    assert (dist.min, dist.max) == (1, 60)
+
+
+def test_tiny_pool_keeps_the_base_values_and_says_why():
+    graphs, _ = import_sessions(read_claude_code(FIXTURES / "claude_code"), "claude-code")
+    fit = fit_generator(graphs, SPEC)
+    assert {"system_tokens", "turns", "subagent_prob", "fanout", "summary_tokens"} <= \
+        set(fit.held)
+    assert fit.spec.turns == SPEC.turns and fit.spec.num_sessions == 2
+    assert {p.quantity for p in fit.params} == {"output_tokens", "tool_delay_s"}
+    outputs = fit.observations.samples["output_tokens"]
+    assert sorted(outputs) == sorted(r.output_tokens for g in graphs for r in g.requests)
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("fit") / "team.jsonl"
+    save_jsonl(generate_agentx(SPEC, 11, num_sessions=120), path)
+    return path
+
+
+def test_command_writes_yaml_params_and_report(pool, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["fit", str(pool), "--out", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    text = (out / "fitted_team.yaml").read_text()
+    spec = WorkloadSpec.model_validate(yaml.safe_load(text))
+    assert spec.source == "agentx" and spec.num_sessions == 120
+    assert spec.replay.concurrency == 400                     # the base scenario's replay
+    turns = next(line for line in text.splitlines() if line.startswith("  turns:"))
+    assert "FITTED to team.jsonl (n=120)" in turns and "95% CI median" in turns
+    assert "context_window: 131072  # ASSUMED" in text
+    params = pd.read_csv(out / "fit_params.csv")
+    row = params[(params.quantity == "turns") & (params.parameter == "median")].iloc[0]
+    assert row.ci_low <= spec.agentx.turns.median <= row.ci_high
+    gof = pd.read_csv(out / "goodness_of_fit.csv").set_index("quantity")
+    # sessions generated from the fit look like the pool: small KS distances where n is large
+    assert gof.loc["output_tokens", "ks_distance"] < 0.05
+    assert gof.loc["new_tokens", "ks_distance"] < 0.05
+    assert gof["ks_distance"].max() < 0.3
+    reuse = pd.read_csv(out / "reuse_curve.csv")
+    inf = reuse[np.isinf(reuse.capacity_tokens)].set_index("source")["reuse"]
+    assert inf["pool"] == pytest.approx(inf["generated"], abs=0.02)
+    growth = pd.read_csv(out / "context_growth.csv")
+    assert set(growth.source) == {"pool", "generated"}
+    assert (out / "qq.png").stat().st_size > 10_000 and (out / "curves.png").exists()
+
+
+def test_command_bad_input(pool, tmp_path, capsys):
+    broken = tmp_path / "broken.jsonl"
+    lines = pool.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["requests"] += 1
+    broken.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    assert main(["fit", str(broken), "--no-plot"]) == 2
+    assert "broken.jsonl:1: field 'requests'" in capsys.readouterr().err
+    assert main(["fit", str(pool), "--confidence", "1.5"]) == 2
+    assert "pick a level in (0, 1)" in capsys.readouterr().err
+    assert main(["fit", str(pool), "--base", str(tmp_path / "none.yaml")]) == 2
+    assert "--base: no such file" in capsys.readouterr().err
+    assert main(["fit", str(tmp_path / "absent.jsonl")]) == 2
+    assert not (tmp_path / "absent_fit").exists()
