@@ -1,21 +1,29 @@
 """Engine invariants, checked on many small random scenarios (hypothesis).
 
 No request lost or duplicated, tokens conserved, causality (stage times ordered, a request is
-sent only after what it waits on), token times monotonic, determinism per seed.
+sent only after what it waits on), token times monotonic, determinism per seed. Scenarios
+cover every router, push and pull, KV-load caps, host offload on and off, and every workload
+source: closed loop (synthetic, AgentX, a JSONL pool) and open loop (the Mooncake and Azure
+traces). The quick profile runs a few dozen; `HYPOTHESIS_PROFILE=deep` runs 1,000 per test.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rackSim.config import with_changes
+from rackSim.config import compose_scenario, with_changes
 from rackSim.engine.simulation import Simulation
+from rackSim.workload.jsonl import save_jsonl
 from rackSim.workload.sources import load_sessions
+
+DEEP = settings.default.max_examples >= 1000  # HYPOTHESIS_PROFILE=deep (tests/conftest.py)
 
 scenarios = st.fixed_dictionaries({
     "concurrency": st.integers(1, 10),
@@ -28,7 +36,8 @@ scenarios = st.fixed_dictionaries({
     "warmup": st.integers(0, 2),
     "primer": st.booleans(),
     "seed": st.integers(0, 2**16),
-    "source": st.sampled_from(["synthetic", "agentx"]),
+    "source": st.sampled_from(["synthetic", "agentx", "jsonl"]),
+    "host_offload": st.booleans(),
 })
 
 SMALL_SYNTHETIC = {"turns_mean": 4, "first_prompt_tokens_mean": 3000,
@@ -37,32 +46,35 @@ SMALL_SYNTHETIC = {"turns_mean": 4, "first_prompt_tokens_mean": 3000,
                    "subagent_turns_mean": 2, "max_context_tokens": 131072}
 
 
-def _cfg(base, p):
+def _cfg(base, p, pool_dir: Path | None = None):
+    source = p["source"]
+    workload = {"num_sessions": p["sessions"], "source": source, "synthetic": SMALL_SYNTHETIC,
+                "replay": {"concurrency": p["concurrency"], "warmup_requests_per_lane":
+                           p["warmup"], "primer": p["primer"], "window_s": 5.0,
+                           "drain_s": 600.0}}
+    if source == "jsonl":  # a pool written from generated sessions, replayed from the file
+        gen = with_changes(base, seed=p["seed"], workload={**workload, "source": "synthetic"})
+        path = (pool_dir or Path(".")) / f"pool-{p['seed']}-{p['sessions']}.jsonl"
+        save_jsonl(load_sessions(gen.workload, gen.seed), path)
+        workload["path"] = str(path)
     return with_changes(
         base, seed=p["seed"], trace_tokens=True,
         deployment={"router": p["router"], "kv_transfer": {"mode": p["mode"]},
+                    "cache": {"host_offload": p["host_offload"]},
                     "decode": {"kv_load_cap_per_step": p["cap"], "speculative": {
                         "accepted_tokens_per_step": p["accepted"]}}},
-        workload={"num_sessions": p["sessions"], "source": p["source"],
-                  "synthetic": SMALL_SYNTHETIC,
-                  "replay": {"concurrency": p["concurrency"], "warmup_requests_per_lane":
-                             p["warmup"], "primer": p["primer"], "window_s": 5.0,
-                             "drain_s": 600.0}})
+        workload=workload)
 
 
-def _run(cfg):
-    sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
+def _run(cfg, sessions=None):
+    sim = Simulation(cfg, sessions or load_sessions(cfg.workload, cfg.seed))
     out = sim.run(progress=False)
     return sim, out
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(p=scenarios)
-def test_invariants(smoke_cfg, p):
-    cfg = _cfg(smoke_cfg, p)
-    sim, out = _run(cfg)
+def _check(sessions, sim, out) -> None:
+    """The invariants every run keeps, closed or open loop."""
     recs = out.requests
-    assert len(recs) >= p["concurrency"]  # every lane sent at least once in the window
     # No request lost or duplicated: each (replay, request) sent once, and all finished after
     # the drain (nothing is sent after the window, so the drain empties the system).
     keys = [(r.session_key, r.rid) for r in recs]
@@ -85,7 +97,7 @@ def test_invariants(smoke_cfg, p):
         assert t[0] == r.first_token_s and t[-1] == r.finish_s
     # A request is sent only after everything it waits on finished, plus its delay.
     by_key = {(r.session_key, r.rid): r for r in recs}
-    graphs = {g.session_id: g for g in load_sessions(cfg.workload, cfg.seed)}
+    graphs = {g.session_id: g for g in sessions}
     for r in recs:
         spec = graphs[r.session_id].requests[r.rid]
         for dep in spec.after:
@@ -94,10 +106,67 @@ def test_invariants(smoke_cfg, p):
                 assert r.send_s >= d.finish_s + spec.delay_s - 1e-9
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000 if DEEP else 25, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(p=scenarios)
-def test_same_seed_same_result(smoke_cfg, p):
-    cfg = _cfg(smoke_cfg, p)
+def test_invariants(smoke_cfg, tmp_path, p):
+    cfg = _cfg(smoke_cfg, p, tmp_path)
+    sessions = load_sessions(cfg.workload, cfg.seed)
+    sim, out = _run(cfg, sessions)
+    assert len(out.requests) >= p["concurrency"]  # every lane sent at least once
+    _check(sessions, sim, out)
+
+
+traces = st.fixed_dictionaries({
+    "trace": st.sampled_from(["mooncake_conversation", "azure_code"]),
+    "offset_s": st.floats(0.0, 3000.0),
+    "speedup": st.sampled_from([1.0, 4.0]),
+    "router": st.sampled_from(["round_robin", "least_loaded", "session_affinity",
+                               "prefix_affinity"]),
+    "mode": st.sampled_from(["push", "pull"]),
+    "cap": st.sampled_from([None, 4]),
+    "host_offload": st.booleans(),
+    "seed": st.integers(0, 2**16),
+})
+
+
+@functools.cache
+def _trace_scenario(trace: str):
+    return compose_scenario(["experiment=smoke", "progress=false", f"workload={trace}",
+                             "workload.replay.window_s=5", "workload.replay.warmup_s=0",
+                             "workload.replay.drain_s=600"])
+
+
+@settings(max_examples=1000 if DEEP else 6, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(p=traces)
+def test_open_loop_trace_invariants(p):
+    """Open loop: sessions of a real trace start at their (shifted, sped-up) arrival times."""
+    cfg = with_changes(_trace_scenario(p["trace"]), seed=p["seed"], trace_tokens=True,
+                       workload={"open_loop": {"offset_s": p["offset_s"],
+                                               "speedup": p["speedup"]}},
+                       deployment={
+        "router": p["router"], "kv_transfer": {"mode": p["mode"]},
+        "cache": {"host_offload": p["host_offload"]},
+        "decode": {"kv_load_cap_per_step": p["cap"]}})
+    sessions = _trace_sessions(p["trace"], p["seed"] % 8)
+    sim, out = _run(cfg, sessions)
+    _check(sessions, sim, out)
+
+
+@functools.cache
+def _trace_sessions(trace: str, seed: int):
+    """A trace's sessions (arrival jitter drawn with `seed`), loaded once per trace and seed:
+    reading a whole trace costs more than simulating a 5-s window of it."""
+    cfg = _trace_scenario(trace)
+    return load_sessions(cfg.workload, seed)
+
+
+@settings(max_examples=1000 if DEEP else 5, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(p=scenarios)
+def test_same_seed_same_result(smoke_cfg, tmp_path, p):
+    cfg = _cfg(smoke_cfg, p, tmp_path)
     a, b = _run(cfg)[1], _run(cfg)[1]
     assert [r.as_row() for r in a.requests] == [r.as_row() for r in b.requests]
     assert a.steps == b.steps
@@ -107,7 +176,8 @@ def test_same_seed_same_result(smoke_cfg, p):
 def test_different_seed_differs(smoke_cfg):
     base = _cfg(smoke_cfg, {"concurrency": 4, "sessions": 3, "router": "prefix_affinity",
                             "mode": "push", "cap": 4, "accepted": 3.25, "warmup": 1,
-                            "primer": True, "seed": 1, "source": "synthetic"})
+                            "primer": True, "seed": 1, "source": "synthetic",
+                            "host_offload": True})
     a = _run(base)[1]
     b = _run(with_changes(base, seed=2))[1]
     assert [r.send_s for r in a.requests] != [r.send_s for r in b.requests]
