@@ -135,7 +135,9 @@ def _import_parser() -> argparse.ArgumentParser:
 
 
 def import_main(argv: list[str]) -> int:
-    """`racksim-workload import`: exit 0, or 2 with the issues on stderr (nothing written)."""
+    """`racksim-workload import`: exit 0, or the agent-log input class's code (7) with the
+    issues on stderr (nothing written)."""
+    from rackSim.config.errors import AgentLogInputError
     from rackSim.workload.agent_logs import LogImportError, detect_format, import_sessions
     from rackSim.workload.claude_code_logs import read_claude_code
     from rackSim.workload.openai_logs import read_openai
@@ -143,7 +145,7 @@ def import_main(argv: list[str]) -> int:
     args = _import_parser().parse_args(argv)
     if not args.logs.exists():
         print(f"error: LOGS: no such file or directory {args.logs}", file=sys.stderr)
-        return 2
+        return AgentLogInputError.exit_code
     readers = {"claude-code": (read_claude_code, "claude-code transcripts"),
                "openai": (read_openai, "openai request logs")}
     try:
@@ -152,7 +154,7 @@ def import_main(argv: list[str]) -> int:
         graphs, report = import_sessions(reader(args.logs), source, strict=args.strict)
     except LogImportError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return err.exit_code
     for issue in report.skipped:
         print(f"warning: skipped session: {issue}", file=sys.stderr)
     print("\n".join(report.lines()))
@@ -181,7 +183,14 @@ def _fit_parser() -> argparse.ArgumentParser:
 
 
 def fit_main(argv: list[str]) -> int:
-    """`racksim-workload fit`: exit 0, or 2 with the reason on stderr."""
+    """`racksim-workload fit`: exit 0, or the bad input class's code with the reason on
+    stderr (flags 2, base workload YAML 4, pool 5)."""
+    from rackSim.config.errors import (
+        InputError,
+        PoolInputError,
+        ScenarioError,
+        WorkloadFileError,
+    )
     from rackSim.config.specs import resolve_path
     from rackSim.workload import fit_report as rep
     from rackSim.workload.generator_fit import fit_generator
@@ -190,17 +199,27 @@ def fit_main(argv: list[str]) -> int:
     args = _fit_parser().parse_args(argv)
     try:
         if not 0 < args.confidence < 1:
-            raise ValueError(f"--confidence {args.confidence}: pick a level in (0, 1)")
-        graphs = load_jsonl(args.pool)
+            raise ScenarioError(f"--confidence {args.confidence}: pick a level in (0, 1)")
+        try:
+            graphs = load_jsonl(args.pool)
+        except OSError as err:
+            raise PoolInputError(f"POOL: cannot read {args.pool} ({err.strerror})") from err
         base_path = resolve_path(args.base)
         if base_path is None:
-            raise ValueError(f"--base: no such file {args.base}")
-        w = yaml.safe_load(base_path.read_text()) or {}
-        base = AgentXSpec.model_validate(w.get("agentx") or {})
-        fit = fit_generator(graphs, base, args.confidence)
-    except (OSError, ValueError) as err:
+            raise WorkloadFileError(f"--base: no such file {args.base}")
+        try:
+            w = yaml.safe_load(base_path.read_text()) or {}
+            base = AgentXSpec.model_validate(w.get("agentx") or {})
+        except (yaml.YAMLError, ValueError, AttributeError) as err:
+            raise WorkloadFileError(f"--base {base_path}: not a workload scenario with a "
+                                    f"valid agentx section ({err})") from err
+        try:
+            fit = fit_generator(graphs, base, args.confidence)
+        except ValueError as err:
+            raise PoolInputError(f"{args.pool}: {err}") from err
+    except InputError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return err.exit_code
     out = args.out or args.pool.with_name(args.pool.stem + "_fit")
     out.mkdir(parents=True, exist_ok=True)
     path = args.yaml or out / f"fitted_{args.pool.stem}.yaml"

@@ -164,7 +164,7 @@ def test_command_default_skips_and_says_so_strict_writes_nothing(tmp_path, capsy
     root = _claude_copy(tmp_path)
     _no_usage(root / PROJECT / FORKED)
     out = tmp_path / "pool.jsonl"
-    assert main(["import", str(root), "--out", str(out), "--strict"]) == 2
+    assert main(["import", str(root), "--out", str(out), "--strict"]) == 7  # agent logs
     assert not out.exists() and not list(tmp_path.glob("*.partial"))
     assert "strict import refused the pool" in capsys.readouterr().err
     assert main(["import", str(root), "--out", str(out)]) == 0
@@ -179,12 +179,12 @@ def test_command_refuses_when_nothing_imports(tmp_path, capsys):
     path = _openai_copy(tmp_path)
     path.write_text(path.read_text().replace('"usage"', '"usage_"'))
     out = tmp_path / "pool.jsonl"
-    assert main(["import", str(path), "--out", str(out), "--format", "openai"]) == 2
+    assert main(["import", str(path), "--out", str(out), "--format", "openai"]) == 7
     assert "no openai request logs session could be imported" in capsys.readouterr().err
     assert not out.exists()
-    assert main(["import", str(tmp_path / "absent"), "--out", str(out)]) == 2
+    assert main(["import", str(tmp_path / "absent"), "--out", str(out)]) == 7
     assert "no such file or directory" in capsys.readouterr().err
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert main(["import", str(empty), "--out", str(out)]) == 2
+    assert main(["import", str(empty), "--out", str(out)]) == 7
     assert "pass --format" in capsys.readouterr().err

@@ -128,11 +128,20 @@ def test_command_bad_input(pool, tmp_path, capsys):
     header = json.loads(lines[0])
     header["requests"] += 1
     broken.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
-    assert main(["fit", str(broken), "--no-plot"]) == 2
+    assert main(["fit", str(broken), "--no-plot"]) == 5          # the pool's input class
     assert "broken.jsonl:1: field 'requests'" in capsys.readouterr().err
-    assert main(["fit", str(pool), "--confidence", "1.5"]) == 2
+    assert main(["fit", str(pool), "--confidence", "1.5"]) == 2  # a flag
     assert "pick a level in (0, 1)" in capsys.readouterr().err
-    assert main(["fit", str(pool), "--base", str(tmp_path / "none.yaml")]) == 2
+    assert main(["fit", str(pool), "--base", str(tmp_path / "none.yaml")]) == 4
     assert "--base: no such file" in capsys.readouterr().err
-    assert main(["fit", str(tmp_path / "absent.jsonl")]) == 2
-    assert not (tmp_path / "absent_fit").exists()
+    bad_base = tmp_path / "bad.yaml"
+    bad_base.write_text("agentx: {turns: 3}\n")
+    assert main(["fit", str(pool), "--base", str(bad_base)]) == 4
+    assert "valid agentx section" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    save_jsonl([], empty)
+    assert main(["fit", str(empty)]) == 5
+    assert "empty pool" in capsys.readouterr().err
+    assert main(["fit", str(tmp_path / "absent.jsonl")]) == 5
+    assert "cannot read" in capsys.readouterr().err
+    assert not (tmp_path / "absent_fit").exists() and not (tmp_path / "empty_fit").exists()
