@@ -1,7 +1,9 @@
 """Instance speeds the screen reads, priced once per (hardware, role, width) by `perf/`.
 
 * `DecodeSpeed`: the step time of a DEPn decode instance as a table over requests per DP
-  rank (0 .. max_num_seqs_per_rank), each request holding the demand's mean decode context;
+  rank (every count up to 8, then every 4th up to max_num_seqs_per_rank, linear between;
+  the step is close to affine in the batch there), each request holding the demand's mean
+  decode context;
   the mean over a run of steps (EPLB drift and stragglers sampled as the engine would), and
   the KV limit: requests per rank whose context fits the HBM left for KV.
 * `PrefillSpeed`: a DEPn prefill instance's full-budget chunked step for a given mix of
@@ -24,16 +26,20 @@ from rackSim.perf import DecodeBatch, PrefillBatch, StepModel, build_step_model
 from rackSim.perf.kv_transfer import push_transfer_ms
 
 #: Passes over the occupancy grid whose steps are averaged (EPLB and straggler sampling).
-DECODE_TABLE_PASSES = 6
+DECODE_TABLE_PASSES = 4
 #: Step-index stride between table samples (steps): spreads samples over EPLB intervals.
 STEP_INDEX_STRIDE = 97
+#: Occupancy grid (requests per rank): every value up to this, then every `GRID_STRIDE`.
+GRID_DENSE, GRID_STRIDE = 8, 4
 
 
 @dataclass(frozen=True)
 class DecodeSpeed:
-    """A decode instance `ranks` wide: `step_ms[i]` = mean step at i requests per rank."""
+    """A decode instance `ranks` wide: `step_ms[i]` = mean step at `per_rank[i]` requests per
+    rank."""
 
     ranks: int
+    per_rank: np.ndarray
     step_ms: np.ndarray
     max_per_rank: float
     accepted: float
@@ -41,7 +47,7 @@ class DecodeSpeed:
 
     def step_at(self, per_rank: np.ndarray | float) -> np.ndarray:
         """Step time (ms) at (fractional) requests per rank, linear between grid points."""
-        return np.interp(per_rank, np.arange(len(self.step_ms)), self.step_ms)
+        return np.interp(per_rank, self.per_rank, self.step_ms)
 
 
 def decode_speed(cfg: RunConfig, context_tokens: float) -> DecodeSpeed:
@@ -50,18 +56,21 @@ def decode_speed(cfg: RunConfig, context_tokens: float) -> DecodeSpeed:
     model = build_step_model(cfg, "decode", seed=cfg.seed)
     ranks = d.gpus if d.parallelism == "DEP" else 1
     spec = d.speculative
-    grid = np.arange(d.max_num_seqs_per_rank + 1)
+    top = d.max_num_seqs_per_rank
+    grid = np.unique(np.concatenate([np.arange(min(GRID_DENSE, top) + 1),
+                                     np.arange(GRID_DENSE, top, GRID_STRIDE), [top]]))
     total = np.zeros(len(grid))
     step = 0
     for _ in range(DECODE_TABLE_PASSES):
-        for i in grid:
+        for j, i in enumerate(grid):
             step += STEP_INDEX_STRIDE
             batch = DecodeBatch([int(i)] * ranks, [float(i) * context_tokens] * ranks,
                                 spec.accepted_tokens_per_step, spec.num_draft_tokens, 0, 0,
                                 step)
-            total[i] += model.decode_step(batch).total_ms
+            total[j] += model.decode_step(batch).total_ms
     kv_tokens = kv_bytes_per_gpu(cfg, d.gpus) * (d.gpus / ranks) / cfg.model.kv_bytes_per_token
-    return DecodeSpeed(ranks=ranks, step_ms=total / DECODE_TABLE_PASSES,
+    return DecodeSpeed(ranks=ranks, per_rank=grid.astype(float),
+                       step_ms=total / DECODE_TABLE_PASSES,
                        max_per_rank=float(min(d.max_num_seqs_per_rank,
                                               kv_tokens / context_tokens)),
                        accepted=spec.accepted_tokens_per_step, draft_tokens=spec.num_draft_tokens)

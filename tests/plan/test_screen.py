@@ -118,15 +118,16 @@ def hand_point(r: pd.Series, screen: Screen) -> tuple[float, float, float]:
 def test_every_candidate_sits_where_its_formulas_balance(screened):
     df, screen = screened
     d = screen.demand
-    assert len(df) == 2 * (3 + 3)  # 2 rack counts x (DEP4 and DEP8 decode x 1-3 prefills)
+    # 2 rack counts x DEP4 / DEP8 decode x 1 / 2 decode instances x 1-3 DEP2 prefills
+    assert len(df) == 2 * 2 * 2 * 3
     for _, r in df.iterrows():
         lam = r["output_tok_s_gpu"] * r["gpus_per_rack_used"] / d.output_mean  # requests/s
         speed = screen._decode[(r["hardware"], r["decode_gpus"])]
         t_ms = speed.step_at(r["decode_per_rank"])
         assert t_ms == pytest.approx(r["decode_step_ms"], rel=1e-12)
-        # Little at decode: requests in the instance = rate x steps x step time
+        # Little at each decode instance: requests in it = its rate x steps x step time
         assert r["decode_per_rank"] * speed.ranks == pytest.approx(
-            lam * d.decode_steps_mean * t_ms / 1e3, rel=1e-9)
+            lam / r["decode_instances"] * d.decode_steps_mean * t_ms / 1e3, rel=1e-9)
         # M/G/1 per prefill instance
         lam_p, mu = lam / r["prefill_instances"], r["prefill_mu_tok_s"]
         rho = lam_p * r["uncached_mean"] / mu
