@@ -102,10 +102,3 @@ def moe_rank_ms(kernel: MoeKernel, shape: MoeShape, tokens_total: float, ranks: 
     tokens_in = hot if dispatch == "alltoall" else tokens_total
     return shape.layers * kernel.layer_ms(tokens_in, hot, hit, shape.expert_bytes,
                                           shape.expert_params, shape.hidden)
-
-
-def weight_bytes_per_rank(shape: MoeShape, tokens_total: float, ranks: int) -> float:
-    """Expected expert-weight bytes one rank reads per step (bytes): hosted experts hit."""
-    local = shape.experts / ranks
-    hit = experts_hit_random(local, shape.experts, tokens_total * shape.top_k)
-    return hit * shape.expert_bytes * shape.layers

@@ -259,6 +259,8 @@ def _run(args: argparse.Namespace) -> int:
     out = run_driver(sessions, settings, args.out)
     print(f"racksim-validate: {out.sent} sent, {out.failed} failed, {out.skipped} skipped "
           f"(already done); stopped: {out.stop_reason}; records: {out.records_path}")
+    if out.failed:
+        print(f"racksim-validate: failures by kind: {failure_kinds(out.records_path)}")
     for url, d in (out.meta.get("probe") or {}).items():
         change = ", ".join(f"{k} {v:+.0%}" for k, v in d["change"].items()) or "n/a"
         verdict = "DRIFTING: rerun on a fresh server (--fresh-server)" if d["drifting"] \
@@ -269,6 +271,17 @@ def _run(args: argparse.Namespace) -> int:
               "server's: run again", file=sys.stderr)
         return EXIT_SERVER_CHANGED
     return EXIT_ERRORS if out.stop_reason == "max_errors" else EXIT_OK
+
+
+def failure_kinds(records_path: Path) -> str:
+    """Failed requests of a run counted by kind (`faults.error_kind`), e.g. 'reset 2, timeout 1'."""
+    from collections import Counter
+
+    from rackSim.validate.faults import error_kind
+    from rackSim.validate.recording import read_record_rows
+
+    kinds = Counter(error_kind(r["error"]) for r in read_record_rows(records_path) if r["error"])
+    return ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "none"
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:

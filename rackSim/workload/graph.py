@@ -185,4 +185,5 @@ class SessionInstance:
 
 
 def path_blocks(path: PromptPath) -> int:
+    """Blocks (64 tokens) a prompt path covers."""
     return sum(b for _, b in path)

@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from rackSim.config.errors import PoolInputError, TraceInputError
-from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, SessionInstance
+from rackSim.workload.graph import (
+    BLOCK_TOKENS,
+    RequestSpec,
+    SessionGraph,
+    SessionInstance,
+    path_blocks,
+)
 from rackSim.workload.tokens import block_hashes
 
 FORMAT = "racksim-workload"
@@ -270,7 +276,7 @@ class _Reader:
             for e in p)
         if not ok:
             raise self.fail(line, "path", "must be a non-empty list of [node_key, blocks >= 0]")
-        total = sum(b for _, b in p)
+        total = path_blocks(p)
         if total != prompt // BLOCK_TOKENS:
             raise self.fail(line, "path", f"covers {total} blocks, the prompt of {prompt} tokens "
                                           f"has {prompt // BLOCK_TOKENS} full blocks")

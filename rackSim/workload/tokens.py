@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rackSim.workload.graph import BLOCK_TOKENS, SessionInstance
+from rackSim.workload.graph import SessionInstance
 
 FIRST_TOKEN_ID = 4  # ids 0..3 are left to the tokenizer's special tokens (bos, eos, pad, unk)
 DEFAULT_VOCAB_SIZE = 32_000  # inside every common tokenizer's ordinary range
@@ -70,19 +70,3 @@ def block_hashes(inst: SessionInstance, rid: int) -> np.ndarray:
     blocks = np.array([b for _, b in path], dtype=np.int64)
     keys = np.repeat(np.array([k for k, _ in path], dtype=np.uint64), blocks)
     return _hash(keys, np.arange(int(blocks.sum()), dtype=np.int64), _BLOCK_SALT)
-
-
-def token_block_hashes(token_ids: np.ndarray) -> np.ndarray:
-    """Content hashes of the full 64-token blocks of a token-id array, prefix-dependent.
-
-    Block i's hash depends on the tokens of blocks 0..i (a wrapping prefix sum of per-block
-    mixes, then mixed with i), so equal values mean equal prefixes, like vLLM's chained block
-    hashes. Used to check that token ids and the prefix tree agree.
-    """
-    n = len(token_ids) // BLOCK_TOKENS
-    t = token_ids[: n * BLOCK_TOKENS].astype(np.uint64).reshape(n, BLOCK_TOKENS)
-    cols = np.arange(BLOCK_TOKENS, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        per_block = _mix(np.bitwise_xor.reduce(_mix(t * _GOLDEN + cols), axis=1))
-        prefix = np.cumsum(per_block, dtype=np.uint64)
-        return _mix(prefix ^ (np.arange(n, dtype=np.uint64) * _GOLDEN))

@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from rackSim.perf.moe import (
     MoeKernel,
@@ -14,7 +12,6 @@ from rackSim.perf.moe import (
     experts_hit_balanced,
     experts_hit_random,
     moe_rank_ms,
-    weight_bytes_per_rank,
 )
 
 KERNEL = MoeKernel(kernel_ms=0.02, hbm_bytes_ms=6.4e9, flops_ms=3e12, token_bytes=2.0)
@@ -65,9 +62,3 @@ def test_allgather_dispatch_routes_every_token() -> None:
     # allgather routes 8192 tokens per rank instead of 8192*6/32 = 1536 copies.
     extra = 42 * (8192 - 1536) * 4096 * 2 / 6.4e9
     assert ag - a2a == pytest.approx(extra, rel=1e-9)
-
-
-@given(tokens=st.integers(1, 200_000), ranks=st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128]))
-def test_more_ranks_less_weight_traffic_per_rank(tokens: int, ranks: int) -> None:
-    wider = weight_bytes_per_rank(SHAPE, tokens, ranks * 2)
-    assert wider < weight_bytes_per_rank(SHAPE, tokens, ranks)

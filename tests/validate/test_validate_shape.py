@@ -85,3 +85,18 @@ def test_run_needs_exactly_one_server_source(tmp_path, capsys):
     assert main(["run", "--out", str(tmp_path / "r"), "--endpoint", "http://x",
                  "--fresh-server"]) == EXIT_BAD_INPUT
     assert "--endpoint URL (a running server) or --fresh-server" in capsys.readouterr().err
+
+
+def test_failures_are_counted_by_kind(tmp_path):
+    from rackSim.metrics.records import RequestRecord
+    from rackSim.validate.command import failure_kinds
+    from rackSim.validate.recording import RecordWriter
+
+    w = RecordWriter(tmp_path / "records.jsonl", fsync=False)
+    for i, err in enumerate([None, "reset: peer closed", "timeout: 60 s", "reset: eof", None]):
+        r = RequestRecord(session_id=0, rid=i, lane=0, session_key=0, agent="main",
+                          send_s=0.0, prompt_tokens=10)
+        r.error = err
+        w.write(r, f"0:{i}:r", "http://x")
+    w.close()
+    assert failure_kinds(tmp_path / "records.jsonl") == "reset 2, timeout 1"

@@ -9,11 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from token_support import token_block_hashes
 
 from rackSim.workload.agentx import AgentXSpec, Dist, generate_agentx
 from rackSim.workload.graph import BLOCK_TOKENS, SessionGraph, SessionInstance
 from rackSim.workload.jsonl import load_jsonl, save_jsonl
-from rackSim.workload.tokens import block_hashes, prompt_token_ids, token_block_hashes
+from rackSim.workload.tokens import block_hashes, prompt_token_ids
 
 
 def _ancestors(g: SessionGraph, rid: int) -> set[int]:

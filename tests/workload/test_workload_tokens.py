@@ -6,13 +6,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies_workload import session_graphs
+from token_support import token_block_hashes
 
 from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, SessionInstance
 from rackSim.workload.tokens import (
     FIRST_TOKEN_ID,
     block_hashes,
     prompt_token_ids,
-    token_block_hashes,
 )
 
 
