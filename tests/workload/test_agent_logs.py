@@ -185,3 +185,19 @@ def test_generated_sessions_survive_a_log_round_trip(tmp_path_factory, seed):
                     for a in {r.agent for r in g.requests}}
         assert branches == {frozenset(r.rid for r in h.requests if r.agent == a)
                             for a in {r.agent for r in h.requests}}
+
+
+def test_one_session_file_brings_its_subagents_and_inline_side_chains_read_the_same(
+        tmp_path):
+    """LOGS may be one session file (its subagents/ come along); side chains written into the
+    main file (older transcripts) give the same graph as side-chain files."""
+    project = CLAUDE / "-home-alice-work-acme-payments"
+    main_file = project / "5f0c2e1a-7d41-4b8e-9a57-3c2d1e0f9b88.jsonl"
+    (one,), _ = import_sessions(read_claude_code(main_file), "claude-code transcripts")
+    forked = next(g for g in _claude()[0] if len(g.requests) == 11)
+    assert _shape(one) == _shape(forked)
+    inline = tmp_path / "session.jsonl"
+    sides = sorted((project / main_file.stem / "subagents").glob("agent-*.jsonl"))
+    inline.write_text(main_file.read_text() + "".join(p.read_text() for p in sides))
+    (merged,), _ = import_sessions(read_claude_code(inline), "claude-code transcripts")
+    assert _shape(merged) == _shape(forked)
