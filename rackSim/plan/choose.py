@@ -88,9 +88,13 @@ def families(screened: pd.DataFrame, rejected: list[Rejected],
         best = ranked(g).iloc[0]
         if (hw, fam) in chosen_keys and best["feasible"]:
             why = "chosen"
-        elif best["feasible"]:
+        elif best["feasible"] and best["fleet_usd_h"] > cheapest:
             why = (f"meets the SLOs but costs more: ${best['fleet_usd_h']:,.0f}/h "
                    f"({best['racks']} racks of {best['layout']}) against ${cheapest:,.0f}/h")
+        elif best["feasible"]:
+            why = (f"meets the SLOs at the plans' cost with {best['gpus']} GPUs in use "
+                   f"({best['racks']} racks of {best['layout']}), ranked below them "
+                   "(more GPUs in use or less headroom)")
         else:
             why = f"best candidate {best['layout']} x{best['racks']}: {best['verdict']}"
         rows.append({"hardware": hw, "family": fam, "candidates": len(g),

@@ -47,3 +47,23 @@ def test_next_round_discounts_the_screen_by_its_worst_error(small_inputs):
     ])], ignore_index=True)
     plan = small_inputs.plan  # SLOs: 150 tok/s/user, TTFT P90 2 s
     assert next_round(screened, confirmed, plan).index.tolist() == [2]
+
+
+def test_each_family_says_why_it_lost():
+    from rackSim.plan.choose import families
+    from rackSim.plan.screen import Rejected
+
+    df = _frame([
+        {"family_key": "a", "fleet_usd_h": 648, "gpus": 112, "racks": 2, "layout": "A"},
+        {"family_key": "b", "fleet_usd_h": 720, "gpus": 80, "racks": 2, "layout": "B"},
+        {"family_key": "c", "fleet_usd_h": 648, "gpus": 120, "racks": 2, "layout": "C"},
+        {"family_key": "d", "fleet_usd_h": 324, "gpus": 20, "racks": 1, "layout": "D",
+         "feasible": False, "headroom_min": -3.0, "verdict": "TTFT P90 9 s > 2 s"},
+    ])
+    got = families(df, [Rejected("gb300_nvl72", "e", "deployment.decode.gpus=48: ...")],
+                   df.iloc[[0]]).set_index("family")["why"]
+    assert got["a"] == "chosen"
+    assert got["b"].startswith("meets the SLOs but costs more: $720/h")
+    assert got["c"].startswith("meets the SLOs at the plans' cost with 120 GPUs")
+    assert got["d"] == "best candidate D x1: TTFT P90 9 s > 2 s"
+    assert got["e"] == "does not fit: deployment.decode.gpus=48: ..."
