@@ -18,6 +18,9 @@ This module imports nothing of the project, so every package can raise these.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 
 class InputError(ValueError):
     """Bad input of one class (subclasses set `exit_code`)."""
@@ -51,3 +54,26 @@ class AgentLogInputError(InputError):
 
 class EndpointInputError(InputError):
     exit_code = 8
+
+
+def read_yaml_mapping(path: str | Path, label: str, error: type[InputError],
+                      what: str) -> dict[str, Any]:
+    """The mapping in a YAML file, or `error` naming `label` and the file (and the line of a
+    syntax error) with the fix. `what` says what the mapping should hold."""
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise error(f"{label} {path}: cannot read it ({err.strerror}); fix the path") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise error(f"{label} {path}{where}: not valid YAML "
+                    f"({getattr(err, 'problem', None) or err}); fix the file") from None
+    if not isinstance(data, dict):
+        raise error(f"{label} {path}: expected a mapping of {what}, got "
+                    f"{type(data).__name__}; fix the file")
+    return data

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from rackSim.config.errors import ScenarioError, WorkloadFileError
+from rackSim.config.errors import ScenarioError, WorkloadFileError, read_yaml_mapping
 from rackSim.config.specs import RunConfig, WorkloadSpec
 
 
@@ -52,24 +51,8 @@ def load_run_config(tree: Mapping[str, Any] | Any) -> RunConfig:
 def load_workload_file(path: Any) -> WorkloadSpec:
     """A WorkloadSpec YAML file, validated; WorkloadFileError names the file, the line (YAML
     syntax) or the fields, and the fix."""
-    import yaml
-
-    try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise WorkloadFileError(f"workload {path}: cannot read it ({err.strerror}); fix the "
-                                "path") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise WorkloadFileError(f"workload {path}{where}: not valid YAML "
-                                f"({getattr(err, 'problem', None) or err}); fix the file") \
-            from None
-    if not isinstance(data, dict):
-        raise WorkloadFileError(f"workload {path}: expected a mapping of WorkloadSpec fields "
-                                "(name, source, replay, ...); see docs/workload.md")
+    data = read_yaml_mapping(path, "workload", WorkloadFileError,
+                             "WorkloadSpec fields (name, source, replay, ...; docs/workload.md)")
     try:
         return WorkloadSpec.model_validate(data)
     except ValidationError as err:

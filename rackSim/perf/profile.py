@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from rackSim.config.errors import ProfileInputError
+from rackSim.config.errors import ProfileInputError, read_yaml_mapping
 
 
 class ProfileError(KeyError):
@@ -100,24 +100,8 @@ class Profile:
 def read_profile_yaml(path: str | Path) -> dict[str, Any]:
     """The mapping in a profile YAML file; ProfileInputError (file, line) when it cannot be
     read, is not YAML, or is not a mapping."""
-    try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise ProfileInputError(f"perf.profile {path}: cannot read it ({err.strerror}); fix "
-                                "the path") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise ProfileInputError(f"perf.profile {path}{where}: not valid YAML "
-                                f"({getattr(err, 'problem', None) or err}); fix the file or "
-                                "point perf.profile at a calibration profile") from None
-    if not isinstance(data, dict):
-        raise ProfileInputError(f"perf.profile {path}: expected a mapping of profile fields, "
-                                f"got {type(data).__name__}; point perf.profile at a "
-                                "calibration profile")
-    return data
+    return read_yaml_mapping(path, "perf.profile", ProfileInputError,
+                             "profile fields (a file `racksim-calibrate` wrote)")
 
 
 def _plain(obj: Any) -> Any:
