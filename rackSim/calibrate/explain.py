@@ -22,26 +22,28 @@ ALGORITHMS = ("ring", "recursive_doubling")
 
 
 def breakdown_table(profile: Profile, widths: list[int], requests_per_rank: int, context: int,
-                    hardware: str = "gb300_nvl72", seed: int = 0) -> pd.DataFrame:
+                    hardware: str = "gb300_nvl72", seed: int = 0,
+                    model: str = "deepseek_v4_1_flash") -> pd.DataFrame:
     """One row per (width, EPLB on/off, all-reduce): ms per component, step, balancedness,
     tokens/s per user (accepted tokens per step / step) and output tokens/s per GPU."""
     rows = []
     for w in widths:
         for eplb in (False, True):
             for alg in ALGORITHMS:
-                cfg = operating_point(hardware=hardware, decode_gpus=w, eplb=eplb, allreduce=alg)
-                model = CalibratedStepModel(cfg, "decode", seed=seed, profile=profile)
+                cfg = operating_point(hardware=hardware, decode_gpus=w, eplb=eplb,
+                                      allreduce=alg, model=model)
+                step_model = CalibratedStepModel(cfg, "decode", seed=seed, profile=profile)
                 spec = cfg.deployment.decode.speculative
                 interval = cfg.deployment.eplb.interval_steps
                 step = 2 * interval + interval // 2  # between rearrangements (no copy traffic)
-                b_t, b_d = model.balancedness(step)
+                b_t, b_d = step_model.balancedness(step)
                 batch = DecodeBatch(requests_per_rank=[requests_per_rank] * w,
                                     context_tokens_per_rank=[requests_per_rank * context] * w,
                                     tokens_per_request=spec.accepted_tokens_per_step,
                                     draft_tokens=spec.num_draft_tokens, new_loads=0,
                                     admitted_prompt_tokens=0, step_index=step)
-                br = model.decode_step(batch)
-                br = replace(br, straggler=model.last_straggler_expected_ms)
+                br = step_model.decode_step(batch)
+                br = replace(br, straggler=step_model.last_straggler_expected_ms)
                 tok = spec.accepted_tokens_per_step
                 rows.append({"DEP": w, "eplb": "on" if eplb else "off", "allreduce": alg,
                              **{c: br.as_dict()[c] for c in COMPONENTS if c != "kv_stall"},

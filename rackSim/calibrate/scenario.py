@@ -17,6 +17,53 @@ CALIBRATION = ROOT / "calibration"
 DEFAULT_PROFILE = CALIBRATION / "gb300__deepseek_v4_1_flash.yaml"
 
 
+def profile_path(hardware: str, model: str) -> Path:
+    """The calibration profile of a GPU x model pair: `calibration/<hardware>__<model>.yaml`
+    (`racksim-calibrate profile` writes these), the reference pair's own profile for it."""
+    path = CALIBRATION / f"{hardware}__{model}.yaml"
+    if (hardware, model) == ("gb300_nvl72", "deepseek_v4_1_flash"):
+        return DEFAULT_PROFILE
+    if not path.exists():
+        raise FileNotFoundError(f"no calibration profile {path.name} in calibration/; fit one "
+                                f"with `racksim-calibrate profile --model {model} "
+                                f"--hardware {hardware}`")
+    return path
+
+
+def model_adjustments(model: str) -> tuple[str, dict[str, Any]]:
+    """What a scenario built for the reference model must change for `model`: the workload
+    option and dotted key -> value changes. No speculative decoding without a draft model; a
+    model whose context window is smaller than the AgentX workload's (whose compaction needs
+    its full window) gets the synthetic workload capped at its window. The reference model
+    keeps everything."""
+    spec = _read("model", model)
+    workload = default_choice("workload")
+    out: dict[str, Any] = {}
+    if not spec.get("draft"):
+        out["deployment.decode.speculative.num_draft_tokens"] = 0
+        out["deployment.decode.speculative.accepted_tokens_per_step"] = 1.0
+    window = _read("workload", workload).get("agentx", {}).get("context_window", 131_072)
+    if spec["context_window"] < window:
+        workload = "synthetic"
+        out["workload.synthetic.max_context_tokens"] = int(spec["context_window"])
+    return workload, out
+
+
+def model_overrides(model: str) -> list[str]:
+    """`model_adjustments` as Hydra overrides (`compose_scenario`, `racksim`)."""
+    workload, dotted = model_adjustments(model)
+    return [f"model={model}", f"workload={workload}", *(f"{k}={v}" for k, v in dotted.items())]
+
+
+def _apply(tree: dict[str, Any], dotted: dict[str, Any]) -> None:
+    for key, value in dotted.items():
+        *path, leaf = key.split(".")
+        node = tree
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+
+
 def default_choice(group: str) -> str:
     """The option `scenarios/config.yaml` picks for a config group (e.g. 'workload')."""
     tree = yaml.safe_load((SCENARIOS / "config.yaml").read_text())
@@ -50,7 +97,9 @@ def operating_point(*, hardware: str = "gb300_nvl72", decode_gpus: int = 32,
     perf: dict[str, Any] = {"model": "roofline", "profile": None}
     if profile is not None:
         perf = {"model": "calibrated", "profile": str(profile)}
+    workload, dotted = model_adjustments(model)
     tree = {"model": _read("model", model), "hardware": _read("hardware", hardware),
-            "deployment": dep, "workload": _read("workload", default_choice("workload")),
+            "deployment": dep, "workload": _read("workload", workload),
             "pricing": _read("pricing", default_choice("pricing")), "perf": perf, "progress": False}
+    _apply(tree, dotted)
     return load_run_config(tree)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 from rackSim.config.scenarios import SCENARIOS_DIR
@@ -23,8 +24,15 @@ def test_committed_without_outputs():
     assert len(prose) >= 6  # a paragraph before each figure
 
 
-def test_runs_top_to_bottom(monkeypatch):
+@pytest.mark.parametrize("model,hardware", [
+    (None, None),                                  # the reference pair
+    ("qwen3_235b_a22b", "gb200_nvl72")])           # a generated model on another GPU
+def test_runs_top_to_bottom(monkeypatch, model, hardware):
+    """Any MoE model and GPU with a calibration profile, without code changes."""
     monkeypatch.setenv("RACKSIM_NOTEBOOK_SMALL", "1")
+    if model is not None:
+        monkeypatch.setenv("RACKSIM_NOTEBOOK_MODEL", model)
+        monkeypatch.setenv("RACKSIM_NOTEBOOK_HARDWARE", hardware)
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3",
                    resources={"metadata": {"path": str(ROOT)}}).execute()
