@@ -105,7 +105,7 @@ class Screen:
                 for racks in range(1, pl.limits.max_racks + 1):
                     if pl.demand.agents is not None:
                         agents, sessions_s = pl.demand.agents / racks, math.nan
-                    else:
+                    else:  # agents at nominal latencies, only to size the cache per agent
                         sessions_s = pl.demand.sessions_per_hour / 3600.0 / racks
                         agents = sessions_s * d.session_s(1.0, 0.005)
                     cache = lay.prefill_instances * pre.cache_tokens / max(agents, 1e-9)
