@@ -8,6 +8,7 @@ error-level log entries on the way.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -106,8 +107,11 @@ def load_page(path: Path, probe_js: str, user_data_dir: Path, timeout_s: float =
     from_chrome_r, from_chrome_w = os.pipe()
 
     def fds() -> None:  # the child reads commands on fd 3 and writes replies on fd 4
-        os.dup2(to_chrome_r, 3)
-        os.dup2(from_chrome_w, 4)
+        # move both ends above 4 first: a pipe end may itself be fd 3 or 4, and dup2 onto
+        # itself would leave it close-on-exec
+        r, w = (fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_chrome_r, from_chrome_w))
+        os.dup2(r, 3)
+        os.dup2(w, 4)
 
     proc = subprocess.Popen([exe, *FLAGS, f"--user-data-dir={user_data_dir}", "about:blank"],
                             preexec_fn=fds, close_fds=False, stdout=subprocess.DEVNULL,
