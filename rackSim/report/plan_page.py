@@ -26,6 +26,7 @@ TEMPLATE = """<!DOCTYPE html>
  .miss { background: #fde8e8; border-left: 4px solid #c00; padding: 0.5em 1em; }
  figure { margin: 1em 0; }
  img { max-width: 100%; }
+ .wide { overflow-x: auto; }
 </style>
 </head>
 <body>
@@ -35,7 +36,7 @@ TEMPLATE = """<!DOCTYPE html>
 {% for note in notes %}<p class="note">{{ note }}</p>
 {% endfor %}
 <h2>Plans</h2>
-{{ plan_html }}
+<div class="wide">{{ plan_html }}</div>
 <p>Headroom: (prediction - SLO) / SLO, positive is better; screen error: screen / DES - 1.
 Cost per GPU-hour counts the whole racks bought against the GPUs in use.</p>
 {% for fig in figures %}
@@ -45,7 +46,7 @@ Cost per GPU-hour counts the whole racks bought against the GPUs in use.</p>
 </figure>
 {% endfor %}
 <h2>Families and why they lost</h2>
-{{ families_html }}
+<div class="wide">{{ families_html }}</div>
 <h2>How the numbers were made</h2>
 <ul>{% for line in method %}<li>{{ line }}</li>{% endfor %}</ul>
 </body>
@@ -69,7 +70,7 @@ class PlanPage:
 
 def _table(df: pd.DataFrame, table_id: str) -> str:
     return df.to_html(index=False, table_id=table_id, border=0, na_rep="",
-                      float_format=lambda v: f"{v:,.3g}" if abs(v) < 10 else f"{v:,.0f}")
+                      float_format=lambda v: f"{v:,.3g}" if abs(v) < 100 else f"{v:,.0f}")
 
 
 def render_plan_page(page: PlanPage) -> str:
