@@ -15,10 +15,14 @@ class ConfigError(ScenarioError):
     """A scenario that cannot be simulated; the message names each bad field and the fix."""
 
 
-def _fields(err: ValidationError) -> list[str]:
+def describe_fields(err: ValidationError, prefix: str = "") -> list[str]:
+    """One line per bad field of a pydantic error: its dotted path (under `prefix`, list
+    items as `[i]`) and what to do."""
     out = []
     for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(run)"
+        parts = [prefix] if prefix else []
+        where = ".".join([*parts, *(f"[{p}]" if isinstance(p, int) else str(p)
+                                    for p in e["loc"])]).replace(".[", "[") or "(run)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key; remove it or check its spelling"
@@ -29,7 +33,7 @@ def _fields(err: ValidationError) -> list[str]:
 
 
 def _describe(err: ValidationError) -> str:
-    return "invalid scenario:\n" + "\n".join(_fields(err))
+    return "invalid scenario:\n" + "\n".join(describe_fields(err))
 
 
 def load_run_config(tree: Mapping[str, Any] | Any) -> RunConfig:
@@ -57,4 +61,4 @@ def load_workload_file(path: Any) -> WorkloadSpec:
         return WorkloadSpec.model_validate(data)
     except ValidationError as err:
         raise WorkloadFileError(f"workload {path}: invalid workload:\n"
-                                + "\n".join(_fields(err))) from None
+                                + "\n".join(describe_fields(err))) from None

@@ -16,13 +16,15 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import ValidationError
 
 from rackSim.config import SCENARIOS_DIR, ConfigError, load_run_config
+from rackSim.config.errors import ScenarioError
+from rackSim.config.loading import describe_fields
 from rackSim.config.specs import HardwareSpec, RunConfig
 from rackSim.plan.spec import PlanSpec
 
 HARDWARE_DIR = SCENARIOS_DIR / "hardware"
 
 
-class PlanError(ValueError):
+class PlanError(ScenarioError):
     """A planning question that cannot be answered as posed; the message names the field."""
 
 
@@ -31,20 +33,6 @@ class PlanInputs:
     plan: PlanSpec
     scenario: RunConfig
     hardware: dict[str, HardwareSpec]
-
-
-def _fields(err: ValidationError, prefix: str) -> list[str]:
-    out = []
-    for e in err.errors():
-        where = ".".join([prefix, *(str(p) if not isinstance(p, int) else f"[{p}]"
-                                    for p in e["loc"])]).replace(".[", "[")
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key; remove it or check its spelling"
-        elif e["type"] == "missing":
-            msg = "required field is missing"
-        out.append(f"  {where}: {msg}")
-    return out
 
 
 def load_hardware(name: str) -> HardwareSpec | None:
@@ -69,7 +57,7 @@ def load_plan_inputs(tree: Mapping[str, Any] | DictConfig) -> PlanInputs:
     try:
         plan = PlanSpec.model_validate(node)
     except ValidationError as err:
-        raise PlanError("invalid plan:\n" + "\n".join(_fields(err, "plan"))) from None
+        raise PlanError("invalid plan:\n" + "\n".join(describe_fields(err, "plan"))) from None
     try:
         scenario = load_run_config(tree)
     except ConfigError as err:

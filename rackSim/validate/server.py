@@ -111,13 +111,18 @@ def launch_command(venv: Path, model: Path) -> list[str]:
     return [str(venv / "bin" / "python"), "-m", ENTRY_MODULE, "--model", str(model)]
 
 
-def model_dir(model: str, work_dir: Path) -> Path:
-    """The directory of `model`: a preset's config.json is written under `work_dir`; a path
-    must be a directory with a config.json. ServerError names the flag and the choices."""
+def model_dir(model: str, work_dir: Path, max_model_len: int = 4096) -> Path:
+    """The directory of `model`: a preset's config.json is written under `work_dir` (its
+    positions cover `max_model_len`: the weights are random, so a longer window costs
+    nothing); a path must be a directory with a config.json. ServerError names the flag and
+    the choices."""
     if model in PRESETS:
         path = work_dir / model
         path.mkdir(parents=True, exist_ok=True)
-        (path / "config.json").write_text(json.dumps(PRESETS[model], indent=1))
+        config = dict(PRESETS[model])
+        config["max_position_embeddings"] = max(config["max_position_embeddings"],
+                                                max_model_len)
+        (path / "config.json").write_text(json.dumps(config, indent=1))
         return path
     path = Path(model)
     if not (path / "config.json").is_file():
@@ -182,7 +187,7 @@ def start_server(work_dir: Path, settings: ServerSettings | None = None, port: i
     """Start a vLLM server for `settings.model` on 127.0.0.1, wait until GET /health answers
     200, and write the settings and the command to `work_dir/server.json`."""
     settings = settings or ServerSettings()
-    model = model_dir(settings.model, work_dir)
+    model = model_dir(settings.model, work_dir, settings.max_model_len)
     ensure_venv(venv)
     port = port or free_port()
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(settings.kv_cache_gib), HF_HUB_OFFLINE="1",

@@ -90,7 +90,7 @@ def test_instances_pack_into_domains(widths, domain, domains, fits):
     # KV between racks needs the scale-out network described
     (["deployment.racks=2", "hardware.nic_latency_us=null"],
      ["hardware.nic_bw_bytes_s / hardware.nic_latency_us", "2 racks"]),
-    (["+deployment.groups=[{name:a,racks:1,cores:4}]"], ["deployment.groups.0.cores",
+    (["+deployment.groups=[{name:a,racks:1,cores:4}]"], ["deployment.groups[0].cores",
                                                          "unknown key"]),
 ])
 def test_bad_fleets_name_the_field(overrides, expect):

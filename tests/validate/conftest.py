@@ -18,6 +18,8 @@ from validate_support import HIGH, LOW, MeasuredRun, measure
 
 from rackSim.validate.server import ServerSettings, VllmServer, start_server
 
+LONG_CONTEXT = 32768
+
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory):
@@ -25,7 +27,9 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory):
         yield VllmServer(os.environ["RACKSIM_VLLM_URL"], None,
                          Path(os.environ["RACKSIM_VLLM_LOG"]), ServerSettings())
         return
-    server: VllmServer = start_server(tmp_path_factory.mktemp("vllm"), ServerSettings())
+    # 32K positions: imported agent-log pools carry coding-agent prompts of 14-22K tokens
+    server: VllmServer = start_server(tmp_path_factory.mktemp("vllm"),
+                                      ServerSettings(max_model_len=LONG_CONTEXT))
     try:
         yield server
     finally:
