@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from rackSim.config.errors import InputError, WorkloadFileError
 from rackSim.workload.agentx import AgentXSpec
 from rackSim.workload.graph import SessionGraph
 from rackSim.workload.jsonl import save_jsonl
@@ -251,7 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["fit"]:
         return fit_main(argv[1:])
     args = _parser().parse_args(argv)
-    graphs, label = load_source(args)
+    try:
+        graphs, label = load_source(args)
+    except InputError as err:  # a pool or trace that cannot be read: its class's exit code
+        print(f"racksim-workload: {err}", file=sys.stderr)
+        return err.exit_code
+    except (OSError, ValueError) as err:  # a workload YAML or AgentX spec
+        print(f"racksim-workload: {err}", file=sys.stderr)
+        return WorkloadFileError.exit_code
     timing = NominalTiming(args.ttft_s, args.tpot_s, args.concurrency, args.speedup)
     stats = describe(graphs, timing, args.cache_tokens, source=label)
     print_table(stats)

@@ -100,3 +100,16 @@ def test_racksim_ends_in_one_line_and_the_class_code(case, tmp_path):
     assert lines[0].startswith("racksim: ") and "Traceback" not in p.stderr
     assert "HYDRA_FULL_ERROR" not in p.stderr
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_racksim_workload_describe_uses_the_class_codes(tmp_path, capsys):
+    from rackSim.workload.command import main
+
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text('{"format": "racksim-workload", "version": 1}\n')
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 1, "input_length": -1}\n')
+    assert main(["--jsonl", str(pool)]) == PoolInputError.exit_code
+    assert main(["--mooncake", str(trace)]) == TraceInputError.exit_code
+    err = capsys.readouterr().err
+    assert "pool.jsonl:1: field 'block_tokens'" in err and "t.jsonl:1: field 'input_length'" in err
