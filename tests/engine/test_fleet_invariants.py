@@ -19,6 +19,8 @@ from rackSim.engine.simulation import Simulation
 from rackSim.metrics.summary import FleetLayout, summarize
 from rackSim.workload.sources import load_sessions
 
+DEEP = settings.default.max_examples >= 1000  # HYPOTHESIS_PROFILE=deep (tests/conftest.py)
+
 SMALL_SYNTHETIC = {"turns_mean": 4, "first_prompt_tokens_mean": 3000,
                    "new_tokens_per_turn_mean": 500, "output_tokens_mean": 40,
                    "tool_delay_s_mean": 0.5, "subagent_prob": 0.5, "subagent_fanout_max": 3,
@@ -75,7 +77,8 @@ def _run(cfg):
     return sim, sim.run(progress=False)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000 if DEEP else 15, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(p=fleets)
 def test_fleet_invariants(smoke_cfg, p):
     cfg = _cfg(smoke_cfg, p)
@@ -133,7 +136,8 @@ def test_fleet_invariants(smoke_cfg, p):
     assert out.itl.total == pytest.approx(sum(h.total for h in out.decode_itl.values()))
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000 if DEEP else 4, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(p=fleets)
 def test_same_seed_same_fleet_result(smoke_cfg, p):
     cfg = _cfg(smoke_cfg, p)
