@@ -58,7 +58,9 @@ def candidate_config(row: pd.Series, plan: PlanSpec) -> dict:
         "decode": {"instances": int(row["decode_instances"]), "gpus": int(row["decode_gpus"])},
         "fleet_router": {"policy": "session_affinity"},
     }
+    profile = plan.option(row["hardware"]).profile
     return {"defaults": [{"override /hardware": row["hardware"]}],
+            **({"perf": {"profile": str(profile)}} if profile is not None else {}),
             "deployment": deployment,
             "workload": {"replay": {"concurrency": agents,
                                     "warmup_requests_per_lane":

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from rackSim.config import SCENARIOS_DIR, ConfigError, load_run_config
 from rackSim.config.errors import ScenarioError
 from rackSim.config.loading import describe_fields
-from rackSim.config.specs import HardwareSpec, RunConfig
+from rackSim.config.specs import HardwareSpec, RunConfig, resolve_path
 from rackSim.plan.spec import PlanSpec
 
 HARDWARE_DIR = SCENARIOS_DIR / "hardware"
@@ -74,6 +74,9 @@ def load_plan_inputs(tree: Mapping[str, Any] | DictConfig) -> PlanInputs:
                             f"{scenario.perf.weight_dtype} peak (perf.weight_dtype)")
         else:
             hardware[opt.name] = spec
+        if opt.profile is not None and resolve_path(opt.profile) is None:
+            problems.append(f"  plan.hardware[{i}].profile: no such file '{opt.profile}'; fit "
+                            "one with `racksim-calibrate profile` (calibration/)")
     names = [o.name for o in plan.hardware]
     for name in {n for n in names if names.count(n) > 1}:
         problems.append(f"  plan.hardware: '{name}' listed twice; give each option once")

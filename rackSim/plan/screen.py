@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -55,10 +56,13 @@ class Rejected:
     reason: str
 
 
-def layout_config(cfg: RunConfig, hw: HardwareSpec, layout: RackLayout) -> RunConfig:
-    """`cfg` as one rack of `layout` on hardware `hw`, validated by the scenario's rules
-    (fits the rack and its NVLink domains, experts spread, KV room)."""
-    return with_changes(cfg, hardware=hw.model_dump(), deployment={
+def layout_config(cfg: RunConfig, hw: HardwareSpec, layout: RackLayout,
+                  profile: Path | None = None) -> RunConfig:
+    """`cfg` as one rack of `layout` on hardware `hw` (priced by `profile` when given),
+    validated by the scenario's rules (fits the rack and its NVLink domains, experts spread,
+    KV room)."""
+    perf = {"profile": str(profile)} if profile is not None else {}
+    return with_changes(cfg, hardware=hw.model_dump(), perf=perf, deployment={
         "racks": 1,
         "prefill": {"instances": layout.prefill_instances,
                     "gpus_per_instance": layout.prefill_gpus},
@@ -79,7 +83,8 @@ class Screen:
                 ) -> tuple[DecodeSpeed, PrefillSpeed] | None:
         dk, pk = (option, layout.decode_gpus), (option, layout.prefill_gpus)
         try:
-            cfg = layout_config(self.cfg, self.hardware[option], layout)
+            cfg = layout_config(self.cfg, self.hardware[option], layout,
+                                self.plan.option(option).profile)
         except ValidationError as err:
             reason = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
             self.rejected.append(Rejected(option, layout.family_key, reason))

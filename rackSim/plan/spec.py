@@ -7,6 +7,7 @@ message naming the field (`plan.hardware[1].name`, `plan.slo.ttft_p50_s_max`).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import (
@@ -81,10 +82,15 @@ class Slo(PlanModel):
 
 
 class HardwareOption(PlanModel):
-    """One GPU system the plan may buy or rent (`name`: a file of scenarios/hardware/) and its
-    price per GPU-hour: a rental price, or capex amortised over `years` plus power."""
+    """One GPU system the plan may buy or rent (`name`: a file of scenarios/hardware/), its
+    price per GPU-hour (a rental price, or capex amortised over `years` plus power), and the
+    calibration profile that prices the model on it (`profile`; None: the scenario's
+    `perf.profile`). A generated model on a GPU has its own profile
+    (`calibration/<hardware>__<model>.yaml`, `racksim-calibrate profile`)."""
 
     name: str
+    profile: Path | None = Field(default=None, description=(
+        "calibration profile for the model on this GPU (None: the scenario's perf.profile)"))
     rental_usd_per_gpu_hour: NonNegativeFloat | None = None
     capex_usd_per_gpu: NonNegativeFloat | None = None
     years: PositiveFloat | None = Field(default=None, description="amortisation period")
@@ -159,3 +165,6 @@ class PlanSpec(PlanModel):
     confirm: Confirm = Confirm()
     plans: PositiveInt = Field(default=3, description="cheapest plans reported")
 
+    def option(self, name: str) -> HardwareOption:
+        """The hardware option called `name`."""
+        return next(o for o in self.hardware if o.name == name)

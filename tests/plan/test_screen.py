@@ -164,3 +164,31 @@ def test_sessions_per_hour_demand_runs_at_that_rate(small_inputs):
         # Little: the agents that rate keeps busy for a session each
         assert r["agents_per_rack"] == pytest.approx(
             0.1 / r["racks"] * demand.session_s(ttft, tpot), rel=1e-6)
+
+
+def test_a_generated_model_on_another_gpu_screens_with_its_own_profile(tmp_path):
+    """Any model x GPU pair with a calibration profile plans without code changes: the
+    screen prices each hardware option with that option's profile."""
+    from plan_support import SMALL, compose_plan
+
+    from rackSim.calibrate.scenario import model_overrides
+    from rackSim.plan.screen import layout_config
+
+    profile = "calibration/h200_hgx__qwen3_235b_a22b.yaml"
+    inputs = compose_plan([
+        *[o for o in SMALL if not o.startswith("plan.hardware")],
+        *model_overrides("qwen3_235b_a22b"), "perf.weight_dtype=fp8",
+        f"plan.hardware=[{{name: h200_hgx, rental_usd_per_gpu_hour: 3.0, profile: {profile}}}]",
+        "plan.space.decode_gpus=[4,8]", "plan.space.prefill_gpus_per_instance=[2,4]"])
+    cfg = inputs.scenario
+    demand = profile_demand(load_sessions(cfg.workload, cfg.seed), 1.0,
+                            lanes=inputs.plan.demand.agents)
+    screen = Screen(cfg, inputs.plan, inputs.hardware, demand)
+    rows = screen.run()
+    assert len(rows) > 0 and set(rows["hardware"]) == {"h200_hgx"}
+    lay = next(lay for lay in rack_layouts(inputs.plan.space, 8)
+               if (lay.prefill_gpus, lay.decode_gpus) == (4, 4))
+    priced = layout_config(cfg, inputs.hardware["h200_hgx"], lay,
+                           inputs.plan.option("h200_hgx").profile)
+    assert priced.perf.profile.name == "h200_hgx__qwen3_235b_a22b.yaml"
+    assert priced.model.num_routed_experts == 128 and priced.hardware.name.startswith("H200")
