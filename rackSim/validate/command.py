@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -394,11 +395,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         server.stop()
 
 
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `racksim-validate`; returns the exit code."""
     from rackSim.validate.server import ServerError
 
     args = _parser().parse_args(argv)
+    # SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so local servers started here are
+    # stopped by their `finally` blocks instead of being left running
+    signal.signal(signal.SIGTERM, _interrupt)
     handler = {"run": _cmd_run, "ingest": _cmd_ingest, "fit": _cmd_fit,
                "compare": _cmd_compare, "serve": _cmd_serve, "grid": _cmd_grid}[args.cmd]
     try:

@@ -210,15 +210,20 @@ def start_server(work_dir: Path, settings: ServerSettings | None = None, port: i
     (work_dir / "server.json").write_text(json.dumps(
         {"url": server.url, "settings": asdict(settings), "command": cmd}, indent=1))
     deadline = time.monotonic() + ready_timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise ServerError(f"vLLM server exited with {proc.returncode} while starting:\n{tail}")
-        try:
-            if httpx.get(server.url + "/health", timeout=2.0).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(1.0)
-    server.stop()
-    raise ServerError(f"vLLM server not healthy after {ready_timeout_s:.0f} s; log: {log_path}")
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-3000:]
+                raise ServerError(f"vLLM server exited with {proc.returncode} while "
+                                  f"starting:\n{tail}")
+            try:
+                if httpx.get(server.url + "/health", timeout=2.0).status_code == 200:
+                    return server
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise ServerError(f"vLLM server not healthy after {ready_timeout_s:.0f} s; log: "
+                          f"{log_path}")
+    except BaseException:  # not ready, or interrupted while waiting: leave nothing running
+        server.stop()
+        raise

@@ -100,3 +100,36 @@ def test_failures_are_counted_by_kind(tmp_path):
         w.write(r, f"0:{i}:r", "http://x")
     w.close()
     assert failure_kinds(tmp_path / "records.jsonl") == "reset 2, timeout 1"
+
+
+def test_serve_stops_its_server_on_sigterm(monkeypatch):
+    """SIGTERM unwinds like Ctrl-C: the server `serve` started is stopped, not orphaned."""
+    import os
+    import signal
+    import threading
+
+    import rackSim.validate.server as server_mod
+    from rackSim.validate.command import main
+
+    stopped = []
+
+    class FakeProc:
+        returncode = None
+
+        def poll(self):
+            return None
+
+    class FakeServer:
+        url, log_path, proc = "http://127.0.0.1:1", "server.log", FakeProc()
+
+        def stop(self):
+            stopped.append(True)
+
+    monkeypatch.setattr(server_mod, "start_server", lambda *a, **k: FakeServer())
+    previous = signal.getsignal(signal.SIGTERM)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    try:
+        assert main(["serve", "--work-dir", "/tmp/unused"]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped == [True]
