@@ -18,8 +18,6 @@ from validate_support import HIGH, LOW, MeasuredRun, measure
 
 from rackSim.validate.server import ServerSettings, VllmServer, start_server
 
-LONG_CONTEXT = 32768
-
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory):
@@ -27,9 +25,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory):
         yield VllmServer(os.environ["RACKSIM_VLLM_URL"], None,
                          Path(os.environ["RACKSIM_VLLM_LOG"]), ServerSettings())
         return
-    # 32K positions: imported agent-log pools carry coding-agent prompts of 14-22K tokens
-    server: VllmServer = start_server(tmp_path_factory.mktemp("vllm"),
-                                      ServerSettings(max_model_len=LONG_CONTEXT))
+    server: VllmServer = start_server(tmp_path_factory.mktemp("vllm"), ServerSettings())
     try:
         yield server
     finally:

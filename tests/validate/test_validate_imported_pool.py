@@ -11,6 +11,7 @@ import pytest
 from rackSim.config.specs import WorkloadSpec
 from rackSim.validate.driver import DriverSettings, run_driver
 from rackSim.validate.recording import read_record_rows
+from rackSim.validate.server import ServerSettings, start_server
 from rackSim.workload.command import main as workload_main
 from rackSim.workload.sources import load_sessions
 
@@ -18,7 +19,20 @@ pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).parents[1] / "workload" / "fixtures" / "agent_logs" / "claude_code"
 
 
-def test_imported_pool_replays_on_a_real_server(vllm_server, tmp_path):
+@pytest.fixture(scope="module")
+def long_context_server(tmp_path_factory):
+    """A server of its own with 32K positions: coding-agent prompts are 14-22K tokens, and the
+    shared test server keeps the shape the other tests measure."""
+    server = start_server(tmp_path_factory.mktemp("vllm-long"),
+                          ServerSettings(max_model_len=32768))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_imported_pool_replays_on_a_real_server(long_context_server, tmp_path):
+    vllm_server = long_context_server
     pool = tmp_path / "pool.jsonl"
     assert workload_main(["import", str(FIXTURES), "--out", str(pool)]) == 0
     spec = WorkloadSpec.model_validate({
