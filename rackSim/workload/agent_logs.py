@@ -140,6 +140,28 @@ class ImportReport:
         return out
 
 
+def json_lines(path: Path, torn_hint: str
+               ) -> Iterator[tuple[int, str, dict | list | str | float | None | LogIssue]]:
+    """(line number, raw line, parsed JSON or the LogIssue that says why not) for every
+    non-blank line of a JSONL log; a file that cannot be read yields one LogIssue at line 1.
+    A last line that is not JSON is a torn write: `torn_hint` says what to do about it."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        yield 1, "", LogIssue(str(path), 1, "<file>", f"cannot read ({err})")
+        return
+    lines = text.split("\n")
+    for i, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            yield i, raw, json.loads(raw)
+        except json.JSONDecodeError as err:
+            msg = f"torn last line: {torn_hint}" if i == len(lines) \
+                else f"not valid JSON ({err.msg})"
+            yield i, raw, LogIssue(str(path), i, "<json>", msg)
+
+
 def usage_counts(file: str, line: int, prompt: object, cached: object, output: object,
                  names: tuple[str, str, str]) -> tuple[int, int, int]:
     """Check one call's (prompt, cached, output) token counts; `names` are their log fields."""

@@ -22,7 +22,6 @@ streamed entry's timestamp. A side chain's first call has no link and forks wher
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from rackSim.workload.agent_logs import (
     LogIssue,
     SessionRejected,
     epoch_s,
+    json_lines,
     usage_counts,
 )
 
@@ -98,23 +98,13 @@ def _session(files: list[Path]) -> LoggedSession:
 
 
 def _entries(path: Path) -> list[_Entry]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise SessionRejected(LogIssue(str(path), 1, "<file>", f"cannot read ({err})")) from err
-    lines = text.split("\n")
     default_chain = path.stem if path.parent.name == SUBAGENTS else "sidechain"
     out = []
-    for i, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as err:
-            msg = ("torn last line: the file ends mid-entry (written while the agent ran?); "
-                   "drop the partial line or import the session once it has ended"
-                   if i == len(lines) else f"not valid JSON ({err.msg})")
-            raise SessionRejected(LogIssue(str(path), i, "<json>", msg)) from None
+    for i, _raw, obj in json_lines(path, "the file ends mid-entry (written while the agent "
+                                         "ran?); drop the partial line or import the session "
+                                         "once it has ended"):
+        if isinstance(obj, LogIssue):
+            raise SessionRejected(obj)
         if isinstance(obj, dict) and obj.get("type") in ("user", "assistant", "system") \
                 and "uuid" in obj:
             out.append(_entry(obj, str(path), i, default_chain))

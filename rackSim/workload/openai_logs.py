@@ -17,7 +17,6 @@ Calls may be spread over files in any order; they are grouped by session.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ from rackSim.workload.agent_logs import (
     LogIssue,
     SessionRejected,
     epoch_s,
+    json_lines,
     usage_counts,
 )
 
@@ -69,22 +69,10 @@ def read_openai(root: Path) -> Iterator[tuple[str, LoggedSession | LogIssue]]:
 
 
 def _lines(path: Path) -> Iterator[tuple[str | None, Row | LogIssue]]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        yield None, LogIssue(str(path), 1, "<file>", f"cannot read ({err})")
-        return
-    lines = text.split("\n")
-    for i, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as err:
-            msg = ("torn last line: the file ends mid-record; drop the partial line"
-                   if i == len(lines) else f"not valid JSON ({err.msg})")
+    for i, raw, obj in json_lines(path, "the file ends mid-record; drop the partial line"):
+        if isinstance(obj, LogIssue):
             found = _SESSION_IN_TEXT.search(raw)
-            yield (found.group(1) if found else None), LogIssue(str(path), i, "<json>", msg)
+            yield (found.group(1) if found else None), obj
             continue
         if not isinstance(obj, dict):
             yield None, LogIssue(str(path), i, "<json>", "expected a JSON object per line")
