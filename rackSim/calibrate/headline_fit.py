@@ -170,6 +170,22 @@ def write_workload(best: LayoutFit, base_spec: dict[str, Any], path: Path, stamp
     path.write_text("\n".join(lines))
 
 
+def _set_in_section(text: str, section: str, key: str, value: str) -> str:
+    """Replace the value of the first two-space-indented `key:` inside the top-level
+    `section:` block of a YAML text, keeping every other line (comments included)."""
+    lines = text.splitlines(keepends=True)
+    inside = False
+    for i, line in enumerate(lines):
+        if line.startswith("#"):
+            continue
+        if not line.startswith((" ", "\n")):
+            inside = line.rstrip() == f"{section}:"
+        elif inside and line.startswith(f"  {key}:"):
+            lines[i] = f"  {key}: {value}\n"
+            return "".join(lines)
+    raise ValueError(f"no '{key}' under '{section}:' in the base deployment")
+
+
 def write_deployment(best: LayoutFit, base_path: Path, path: Path, stamp: str) -> None:
     """The base deployment YAML with the fitted layout (instances, decode width, name)."""
     text = base_path.read_text()
@@ -181,12 +197,9 @@ def write_deployment(best: LayoutFit, base_path: Path, path: Path, stamp: str) -
     text = re.sub(r"(?m)^name: .*$", f"name: {layout_label(lay)}", text)
     text = re.sub(r"(?m)^router: .*$", f"router: {ROUTER}   # ASSUMED: see "
                   "docs/reference_scenario.md (least work is bistable here)", text)
-    text = re.sub(r"(?ms)^(prefill:\n(?:  .*\n)*?)  instances: .*?\n",
-                  lambda m: m.group(1) + f"  instances: {lay.prefill_instances}"
-                  f"   # {mark} (within H4)\n", text, count=1)
-    text = re.sub(r"(?ms)^(decode:\n(?:  .*\n)*?)  gpus: .*?\n",
-                  lambda m: m.group(1) + f"  gpus: {lay.decode_gpus}"
-                  f"   # {mark} (H4: 16 or 32)\n", text, count=1)
+    text = _set_in_section(text, "prefill", "instances",
+                           f"{lay.prefill_instances}   # {mark} (within H4)")
+    text = _set_in_section(text, "decode", "gpus", f"{lay.decode_gpus}   # {mark} (H4: 16 or 32)")
     body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
     path.write_text(header + body.lstrip("\n") + "\n")
 
