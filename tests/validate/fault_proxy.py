@@ -22,6 +22,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+RESET_GRACE_S = 0.5  # s between relaying the last bytes and resetting the connection
+
 
 @dataclass
 class Fault:
@@ -113,6 +115,10 @@ class FaultProxy:
                     writer.write(chunk[:cut])
                     await writer.drain()
                     if fault.kind == "reset":
+                        # An RST makes the peer's kernel drop what it has not yet read: give
+                        # the client time to read the relayed tokens first, as a reset that
+                        # comes mid-stream (not with the bytes) would.
+                        await asyncio.sleep(RESET_GRACE_S)
                         _abort(writer)
                         _abort(up_w)
                         return
