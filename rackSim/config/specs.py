@@ -589,6 +589,13 @@ class RunConfig(StrictModel):
             raise ValueError(
                 f"deployment.{where}decode.gpus={dec.gpus}: draft model's "
                 f"{m.draft.num_routed_experts} experts cannot be spread over it")
+        spec = dec.speculative
+        if dec.instances and m.draft is None and spec.num_draft_tokens > 0:
+            raise ValueError(
+                f"deployment.{where}decode.speculative.num_draft_tokens={spec.num_draft_tokens}: "
+                f"model {m.name} has no draft (MTP) layers, so its drafts would cost nothing; "
+                "set deployment.decode.speculative.num_draft_tokens=0 and "
+                "accepted_tokens_per_step=1, or use a model spec with a draft")
         if m.attention is not None:
             for field, width, n in widths:
                 par = p.parallelism if "prefill" in field else dec.parallelism

@@ -28,6 +28,9 @@ from rackSim.config import ConfigError, compose_scenario
     (["workload.replay.window_s=-5"], ["workload.replay.window_s"]),
     (["deployment.kv_transfer.efficiency=1.5"], ["deployment.kv_transfer.efficiency"]),
     (["deployment.decode.speculative.accepted_tokens_per_step=5"], ["exceeds"]),
+    # speculation with a model that has no draft layers would be free
+    (["model=meta_llama_3_1_70b", "perf.weight_dtype=fp8"],
+     ["deployment.decode.speculative.num_draft_tokens=3", "no draft", "num_draft_tokens=0"]),
     # unknown keys (added with + so Hydra lets them through to validation)
     (["+deployment.decode.turbo=true"], ["deployment.decode.turbo", "unknown key"]),
     (["+surprise=1"], ["surprise", "unknown key"]),
