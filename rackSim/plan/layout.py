@@ -30,18 +30,18 @@ class RackLayout:
     @property
     def name(self) -> str:
         """e.g. `P8xDEP2+DEP32`, `P4xDEP2+2xDEP16` (the simulator's layout label)."""
-        dec = f"DEP{self.decode_gpus}"
-        if self.decode_instances > 1:
-            dec = f"{self.decode_instances}x{dec}"
-        return f"P{self.prefill_instances}xDEP{self.prefill_gpus}+{dec}"
+        return f"P{self.prefill_instances}xDEP{self.prefill_gpus}+{self._decode_label}"
 
     @property
     def family_key(self) -> str:
         """The family a rejected layout is reported under: kind and instance widths."""
+        return f"{self.family}: DEP{self.prefill_gpus} prefill + {self._decode_label} decode"
+
+    @property
+    def _decode_label(self) -> str:
+        """`DEP32`, or `2xDEP16` for several decode instances."""
         dec = f"DEP{self.decode_gpus}"
-        if self.decode_instances > 1:
-            dec = f"{self.decode_instances}x{dec}"
-        return f"{self.family}: DEP{self.prefill_gpus} prefill + {dec} decode"
+        return f"{self.decode_instances}x{dec}" if self.decode_instances > 1 else dec
 
 
 def rack_layouts(space: Space, gpus_per_rack: int) -> Iterator[RackLayout]:
