@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import gc
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from math import nan
@@ -178,8 +180,9 @@ class Simulation:
         # and the caller's setting comes back afterwards.
         gc_enabled = gc.isenabled()
         gc.disable()
+        ctrl_c = _CtrlC()
         try:
-            while True:
+            while not ctrl_c.pressed:
                 ws = self.phases.window_start_s
                 if ws is None:
                     if env.now > max_warmup_s:
@@ -196,13 +199,15 @@ class Simulation:
                 env.run(until=min(end, env.now + CHUNK_S))
                 if bar is not None:
                     bar.update(min(env.now - ws, replay.window_s + replay.drain_s) - bar.n)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # not on the main thread: Ctrl-C arrives as an exception
             partial = True
         finally:
+            ctrl_c.restore()
             if gc_enabled:
                 gc.enable()
             if bar is not None:
                 bar.close()
+        partial = partial or ctrl_c.pressed
         self.clients.stopped = True
         ws = self.phases.window_start_s
         ws = env.now if ws is None else ws
@@ -217,6 +222,31 @@ class Simulation:
                          kv_bytes_cross_rack=self.transfer.bytes_cross_rack,
                          instance_racks=self.fleet.instance_racks, decode_itl=decode_itl,
                          rack_gpus=[r.gpus for r in self.racks])
+
+
+class _CtrlC:
+    """Ctrl-C (SIGINT) as a flag the run loop reads between chunks, on the main thread.
+
+    A KeyboardInterrupt raised at an arbitrary bytecode can leave a lock half taken (the
+    progress bar's write lock, for one), and the cleanup that needs it then waits forever;
+    a flag stops the run at a chunk boundary with everything consistent. Elsewhere (a
+    worker thread cannot set signal handlers) Ctrl-C stays an exception."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self._installed = threading.current_thread() is threading.main_thread()
+        if self._installed:
+            # None: the previous handler was not set from Python; Python's own comes back
+            self._previous = signal.signal(signal.SIGINT, self._press) \
+                or signal.default_int_handler
+
+    def _press(self, _signum: int, _frame: object) -> None:
+        self.pressed = True
+
+    def restore(self) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+            self._installed = False
 
 
 def _progress_bar(enabled: bool, total_s: float):

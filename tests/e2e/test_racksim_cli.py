@@ -110,7 +110,13 @@ def test_ctrl_c_writes_partial_results(tmp_path):
             time.sleep(0.2)
         time.sleep(1.0)
         p.send_signal(signal.SIGINT)
-        p.wait(timeout=120)
+        try:
+            p.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            pytest.fail("racksim did not exit within 120 s of Ctrl-C; its stderr:\n"
+                        + err_path.read_text()[-3000:])
     err = err_path.read_text()
     assert p.returncode == 130, err
     assert "PARTIAL" in err

@@ -12,6 +12,9 @@ from __future__ import annotations
 import functools
 import gc
 import math
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rackSim.config import compose_scenario, with_changes
-from rackSim.engine.simulation import Simulation
+from rackSim.engine.simulation import CHUNK_S, Simulation
 from rackSim.workload.jsonl import save_jsonl
 from rackSim.workload.sources import load_sessions
 
@@ -203,3 +206,21 @@ def test_run_leaves_the_garbage_collector_as_it_found_it(smoke_cfg, enabled):
         assert out.partial and gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_ctrl_c_stops_at_a_chunk_boundary_and_gives_the_handler_back(smoke_cfg):
+    """A real SIGINT mid-run ends the run as partial with its records consistent (every
+    finished request finished inside the simulated time), and Ctrl-C is an exception again
+    afterwards."""
+    cfg = with_changes(smoke_cfg, workload={"replay": {"window_s": 60.0}})
+    before = signal.getsignal(signal.SIGINT)
+    sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
+    sim.env.timeout(2.0).callbacks.append(lambda _e: os.kill(os.getpid(), signal.SIGINT))
+    out = sim.run(progress=False)
+    assert out.partial
+    assert out.sim_s < 2.0 + CHUNK_S  # stopped at the first chunk boundary after the press
+    assert all(math.isnan(r.finish_s) or r.finish_s <= out.sim_s for r in out.requests)
+    assert signal.getsignal(signal.SIGINT) is before
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1.0)
