@@ -236,9 +236,9 @@ class _CtrlC:
         self.pressed = False
         self._installed = threading.current_thread() is threading.main_thread()
         if self._installed:
+            previous = signal.signal(signal.SIGINT, self._press)
             # None: the previous handler was not set from Python; Python's own comes back
-            self._previous = signal.signal(signal.SIGINT, self._press) \
-                or signal.default_int_handler
+            self._previous = signal.default_int_handler if previous is None else previous
 
     def _press(self, _signum: int, _frame: object) -> None:
         self.pressed = True

@@ -213,14 +213,18 @@ def test_ctrl_c_stops_at_a_chunk_boundary_and_gives_the_handler_back(smoke_cfg):
     finished request finished inside the simulated time), and Ctrl-C is an exception again
     afterwards."""
     cfg = with_changes(smoke_cfg, workload={"replay": {"window_s": 60.0}})
-    before = signal.getsignal(signal.SIGINT)
-    sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
-    sim.env.timeout(2.0).callbacks.append(lambda _e: os.kill(os.getpid(), signal.SIGINT))
-    out = sim.run(progress=False)
-    assert out.partial
-    assert out.sim_s < 2.0 + CHUNK_S  # stopped at the first chunk boundary after the press
-    assert all(math.isnan(r.finish_s) or r.finish_s <= out.sim_s for r in out.requests)
-    assert signal.getsignal(signal.SIGINT) is before
-    with pytest.raises(KeyboardInterrupt):
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(1.0)
+    # Python's own handler, whatever earlier tests (Ray, kernels) left installed
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
+        sim.env.timeout(2.0).callbacks.append(lambda _e: os.kill(os.getpid(), signal.SIGINT))
+        out = sim.run(progress=False)
+        assert out.partial
+        assert out.sim_s < 2.0 + CHUNK_S  # stopped at the first chunk boundary after the press
+        assert all(math.isnan(r.finish_s) or r.finish_s <= out.sim_s for r in out.requests)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)
+    finally:
+        signal.signal(signal.SIGINT, outer)
