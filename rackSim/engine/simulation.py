@@ -227,10 +227,11 @@ class Simulation:
 class _CtrlC:
     """Ctrl-C (SIGINT) as a flag the run loop reads between chunks, on the main thread.
 
-    A KeyboardInterrupt raised at an arbitrary bytecode can leave a lock half taken (the
-    progress bar's write lock, for one), and the cleanup that needs it then waits forever;
-    a flag stops the run at a chunk boundary with everything consistent. Elsewhere (a
-    worker thread cannot set signal handlers) Ctrl-C stays an exception."""
+    A KeyboardInterrupt lands at whatever bytecode is running: inside a SimPy process (which
+    SimPy then records as that process's failure and re-raises later), inside a lock, or
+    between two updates of one record. A flag stops the run at a chunk boundary with
+    everything consistent. Elsewhere (a worker thread cannot set signal handlers) Ctrl-C
+    stays an exception."""
 
     def __init__(self) -> None:
         self.pressed = False
