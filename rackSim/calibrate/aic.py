@@ -163,11 +163,51 @@ MODULE_TABLES = {"hca": SPARSE + "dsv4_hca_context_module_perf.parquet",
                  "csa": SPARSE + "dsv4_csa_context_module_perf.parquet"}
 #: the V4-Flash rows of the attention-module tables (one layer, 64 heads, no TP)
 MODULE_MODEL = {"model": "sgl-project/DeepSeek-V4-Flash-FP8", "num_heads": 64, "tp_size": 1}
-#: our GEMM dtype -> (gemm_dtype, kernel_source) of the table rows that price it. FP8: the
-#: per-tensor CUTLASS rows stand in for vLLM's FP8 block GEMMs, whose DeepGEMM rows sit on a
-#: 0.25-0.9 ms floor at every shape up to 1K rows and whose CUTLASS rows stop at N or K = 64.
-GEMM_ROWS = {"fp8": ("fp8", "CutlassFP8ScaledMMLinearKernel"),
-             "bf16": ("bfloat16", "torch.nn.functional.linear")}
+
+
+@dataclass(frozen=True)
+class GemmRows:
+    """The rows of one aiconfigurator-core GEMM table that price one of our GEMM dtypes.
+
+    quantises: the measured kernel includes the dynamic activation quantisation (the fit then
+    has a `quant_bytes` term); False for kernels whose inputs are already FP8.
+    """
+
+    table: str
+    gemm_dtype: str
+    kernel_source: str
+    quantises: bool
+
+
+#: FP8 block-quantised GEMMs (V4's linear layers): vLLM runs them with DeepGEMM
+#: (`DeepGemmFp8BlockScaledMMKernel`) after `per_token_group_quant_fp8`. The vLLM collection's
+#: DeepGEMM rows sit on a 0.25-0.9 ms floor at every shape up to 1K rows (a harness cost: the
+#: same kernel collected by SGLang and TRT-LLM runs a 1K x 1024 x 4096 GEMM in 11-12 us), so
+#: the SGLang collection of the same kernel on the same GPU is fitted and TRT-LLM's checks it.
+FP8_BLOCK_ROWS = GemmRows("systems/data/gb300/gemm/sglang/0.5.14/gemm_perf.parquet",
+                          "fp8_block", "sglang_deepgemm_gemm_nt_f8f8bf16", quantises=False)
+FP8_BLOCK_CHECK_ROWS = GemmRows("systems/data/gb300/gemm/trtllm/1.3.0rc20/gemm_perf.parquet",
+                                "fp8_block", "deepgemm", quantises=False)
+#: our GEMM dtype -> the rows that price it in the reference profile
+GEMM_ROWS = {"fp8": FP8_BLOCK_ROWS,
+             "bf16": GemmRows(GEMM_TABLE, "bfloat16", "torch.nn.functional.linear", False)}
+#: HBM bytes per input element of `per_token_group_quant_fp8` ahead of a DeepGEMM call: it
+#: reads the BF16 activation (2), writes FP8 (1) and one FP32 scale per 128 elements. The
+#: lower bound of `gemm_fp8_quant_bytes` (`fit_fp8_activation_bytes`).
+FP8_GROUP_QUANT_BYTES = 2.0 + 1.0 + 4.0 / 128
+#: the attention-module table `fit_fp8_activation_bytes` fits; the other kind is held out
+ACTIVATION_FIT_KIND = "hca"
+
+
+def vllm_gemm_rows(dtype: str, table: str) -> GemmRows:
+    """The rows of a vLLM GEMM table (`table`) for `dtype`: per-tensor FP8 (CUTLASS, the
+    activation quantisation included) or BF16. Generated profiles (any model on any GPU) use
+    these: the FP8 checkpoints they serve are per-tensor or per-channel."""
+    if dtype == "fp8":
+        return GemmRows(table, "fp8", "CutlassFP8ScaledMMLinearKernel", quantises=True)
+    return GemmRows(table, "bfloat16", "torch.nn.functional.linear", quantises=False)
+
+
 #: smallest N and K fitted (the model's smallest GEMM is the indexer weights_proj, N = 64)
 GEMM_MIN_N, GEMM_MIN_K = 64, 256
 #: module rows checked: enough tokens for prefill (>= 1K per call)
@@ -220,36 +260,53 @@ def every_third(values: np.ndarray, offset: int = 1) -> set[float]:
     return {v for i, v in enumerate(sorted(set(values.tolist()))) if i % 3 == offset}
 
 
-def load_gemm_rows(root: Path, dtype: str, table: str = GEMM_TABLE) -> pd.DataFrame:
-    kind, source = GEMM_ROWS[dtype]
-    df = pd.read_parquet(root / table)
-    df = df[(df.gemm_dtype == kind) & (df.kernel_source == source)
+def load_gemm_rows(root: Path, dtype: str, rows: GemmRows | None = None) -> pd.DataFrame:
+    """The (m, n, k, latency) rows that price `dtype` (default: the reference profile's)."""
+    r = rows or GEMM_ROWS[dtype]
+    df = pd.read_parquet(root / r.table)
+    df = df[(df.gemm_dtype == r.gemm_dtype) & (df.kernel_source == r.kernel_source)
             & (df.n >= GEMM_MIN_N) & (df.k >= GEMM_MIN_K)]
     return df[["m", "n", "k", "latency"]].reset_index(drop=True)
 
 
+def gemm_predict(x: Sequence[float], dtype: str, hbm_bw: float, flops: float,
+                 quant_bytes: float) -> GemmKernel:
+    """The GEMM kernel of fitted speeds `x` = (kernel us, HBM efficiency, FLOP efficiency)."""
+    return GemmKernel(x[0] / 1e3, hbm_bw / 1e3 * x[1], flops / 1e3 * x[2], quant_bytes,
+                      WEIGHT_BYTES[dtype], ACTIVATION_BYTES[dtype])
+
+
 def fit_gemm(rows: pd.DataFrame, dtype: str, hbm_bw: float, flops: float,
-             table: str = GEMM_TABLE) -> TableFit:
-    """GEMM speeds of `dtype` (dense.GemmKernel); every fourth (N, K) shape held out."""
+             source: GemmRows | None = None) -> TableFit:
+    """GEMM speeds of `dtype` (dense.GemmKernel); every fourth (N, K) shape held out. A
+    `quant_bytes` term is fitted only when the measured kernel quantises its input."""
+    src = source or GEMM_ROWS[dtype]
     m, n, k = (rows[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
     shapes = sorted(set(zip(rows.n, rows.k, strict=True)))
     held_shapes = {s for i, s in enumerate(shapes) if i % 4 == 3}
     held = np.array([s in held_shapes for s in zip(rows.n, rows.k, strict=True)])
-    quant = dtype == "fp8"
 
     def predict(x: np.ndarray) -> np.ndarray:
-        return GemmKernel(x[0] / 1e3, hbm_bw / 1e3 * x[1], flops / 1e3 * x[2],
-                          x[3] if quant else 0.0, WEIGHT_BYTES[dtype],
-                          ACTIVATION_BYTES[dtype]).ms(m, n, k)
+        return gemm_predict(x, dtype, hbm_bw, flops, x[3] if src.quantises else 0.0).ms(m, n, k)
 
-    names = ["kernel_us", "hbm_efficiency", "flops_efficiency"] + (["quant_bytes"] if quant
-                                                                    else [])
+    names = ["kernel_us", "hbm_efficiency", "flops_efficiency"] + (["quant_bytes"]
+                                                                    if src.quantises else [])
     x0, lo, hi = [5.0, 0.7, 0.6, 2.0], [0.0, 0.01, 0.01, 0.0], [200.0, 1.0, 1.0, 100.0]
     size = len(names)
-    kind, source = GEMM_ROWS[dtype]
     return fit_rows(predict, rows.latency.to_numpy(), held, names, x0[:size],
-                    (lo[:size], hi[:size]), f"{table} ({kind}, {source})",
+                    (lo[:size], hi[:size]), f"{src.table} ({src.gemm_dtype}, {src.kernel_source})",
                     "every fourth (N, K) shape")
+
+
+def check_gemm(fit: TableFit, rows: pd.DataFrame, dtype: str, hbm_bw: float, flops: float
+               ) -> dict[str, float]:
+    """Median / 90th-percentile |error| of a GEMM fit on another collection's rows."""
+    x = [fit.values[k] for k in ("kernel_us", "hbm_efficiency", "flops_efficiency")]
+    pred = gemm_predict(x, dtype, hbm_bw, flops, 0.0).ms(
+        *(rows[c].to_numpy(dtype=float) for c in ("m", "n", "k")))
+    err = np.abs(rel_errors(pred, rows.latency.to_numpy()))
+    return {"rows": int(len(rows)), "median_abs_err": float(np.median(err)),
+            "p90_abs_err": float(np.quantile(err, 0.9))}
 
 
 def load_prefill_attention_rows(root: Path) -> pd.DataFrame:
@@ -372,20 +429,49 @@ def module_block_ms(kind: str, batch: float, isl: float, gemms: Sequence[Gemm],
     return total
 
 
+def _module_ms(kind: str, df: pd.DataFrame, gemms: Sequence[Gemm],
+               kernels: dict[str, GemmKernel], attn: AttentionCost, topk_ms_per_pair: float
+               ) -> np.ndarray:
+    return np.array([module_block_ms(kind, b, i, gemms, kernels, attn, topk_ms_per_pair)
+                     for b, i in zip(df.batch_size, df.isl, strict=True)])
+
+
+def fit_fp8_activation_bytes(rows: pd.DataFrame, gemms: Sequence[Gemm],
+                             kernels: dict[str, GemmKernel], attn: AttentionCost,
+                             topk_ms_per_pair: float) -> float:
+    """HBM bytes per input element that vLLM's FP8 linear layers pay beyond the DeepGEMM
+    kernel (activation quantisation and scale layout), fitted to the measured V4-Flash
+    attention-module rows of kind `ACTIVATION_FIT_KIND` (`rows`): every other part of the layer
+    (GEMM kernels, sparse attention, index logits) is fixed at its own table fit. Bounded below
+    by what the quantisation itself moves (`FP8_GROUP_QUANT_BYTES`)."""
+    measured = rows.latency.to_numpy()
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        k = dict(kernels, fp8=replace(kernels["fp8"], quant_bytes=float(x[0])))
+        return np.log(_module_ms(ACTIVATION_FIT_KIND, rows, gemms, k, attn, topk_ms_per_pair)
+                      / measured)
+
+    res = least_squares(resid, x0=[2.0 * FP8_GROUP_QUANT_BYTES],
+                        bounds=([FP8_GROUP_QUANT_BYTES], [100.0]))
+    return float(res.x[0])
+
+
 def check_attention_module(rows: dict[str, pd.DataFrame], gemms: Sequence[Gemm],
                            kernels: dict[str, GemmKernel], attn: AttentionCost,
                            topk_ms_per_pair: float) -> dict[str, object]:
     """The fitted parts summed over one attention layer (`module_block_ms`) against the
-    measured CSA and HCA module tables, which no fit has seen: per kind, the median signed
-    error and the median / 90th-percentile |error|."""
+    measured CSA and HCA module tables: per kind, the median signed error and the median /
+    90th-percentile |error|. Only `gemm_fp8_quant_bytes` saw a table (`ACTIVATION_FIT_KIND`);
+    the other kind is held out."""
     kinds: dict[str, dict[str, float]] = {}
     for kind, df in rows.items():
-        pred = np.array([module_block_ms(kind, b, i, gemms, kernels, attn, topk_ms_per_pair)
-                         for b, i in zip(df.batch_size, df.isl, strict=True)])
-        err = rel_errors(pred, df.latency.to_numpy())
+        err = rel_errors(_module_ms(kind, df, gemms, kernels, attn, topk_ms_per_pair),
+                         df.latency.to_numpy())
         kinds[kind] = {"rows": len(df), "median_error": float(np.median(err)),
                        "median_abs_err": float(np.median(np.abs(err))),
-                       "p90_abs_err": float(np.quantile(np.abs(err), 0.9))}
+                       "p90_abs_err": float(np.quantile(np.abs(err), 0.9)),
+                       "role": ("fitted (gemm_fp8_quant_bytes)" if kind == ACTIVATION_FIT_KIND
+                                else "held out")}
     return {"tables": dict(MODULE_TABLES), "rows": (f"{MODULE_MODEL}, step 0, >= "
                                                     f"{MODULE_MIN_TOKENS} tokens"),
             "kinds": kinds}

@@ -48,8 +48,8 @@ START: dict[str, tuple[float, float, float, str]] = {
     "gemm_fp8_kernel_us": (5.0, 0.0, 200.0, "us per FP8 GEMM"),
     "gemm_fp8_hbm_efficiency": (0.7, 0.01, 1.0, "fraction of peak HBM bandwidth"),
     "gemm_fp8_flops_efficiency": (0.6, 0.01, 1.0, "fraction of peak FP8 FLOP/s"),
-    "gemm_fp8_quant_bytes": (2.0, 0.0, 100.0,
-                             "HBM bytes-equivalent per input element (activation quantisation)"),
+    "gemm_fp8_quant_bytes": (2.0, 0.0, 100.0, "HBM bytes per input element (activation "
+                             "quantisation)"),
     "gemm_bf16_kernel_us": (5.0, 0.0, 200.0, "us per BF16 GEMM"),
     "gemm_bf16_hbm_efficiency": (0.7, 0.01, 1.0, "fraction of peak HBM bandwidth"),
     "gemm_bf16_flops_efficiency": (0.6, 0.01, 1.0, "fraction of peak BF16 FLOP/s"),
@@ -262,9 +262,17 @@ def fit_context_kernels(p: Profile, root: Path, log: Callable[[str], None]) -> P
     cfg = operating_point()
     hw = cfg.hardware
     bw = hw.hbm_bw_bytes_s
-    for dtype in ("fp8", "bf16"):
-        fit = aic.fit_gemm(aic.load_gemm_rows(root, dtype), dtype, bw, hw.flops[dtype])
+    gemms = {d: aic.fit_gemm(aic.load_gemm_rows(root, d), d, bw, hw.flops[d])
+             for d in ("fp8", "bf16")}
+    for dtype, fit in gemms.items():
         _set_table_fit(p, f"gemm_{dtype}", fit, {k: f"gemm_{dtype}_{k}" for k in fit.values})
+    other = aic.FP8_BLOCK_CHECK_ROWS
+    p.kernel_fit["gemm_fp8"]["check"] = {
+        "table": f"{other.table} ({other.gemm_dtype}, {other.kernel_source})",
+        **aic.check_gemm(gemms["fp8"], aic.load_gemm_rows(root, "fp8", other), "fp8", bw,
+                         hw.flops["fp8"])}
+    p.set_param("gemm_fp8_quant_bytes", aic.FP8_GROUP_QUANT_BYTES,
+                START["gemm_fp8_quant_bytes"][3], [], "fit in progress")
     fit = aic.fit_mhc(aic.load_mhc_rows(root), bw, cfg.model.hidden_size)
     _set_table_fit(p, "mhc", fit, {k: f"mhc_{k}" for k in fit.values})
     geometry = CalibratedStepModel(cfg, "prefill", profile=p, balancedness=(1.0, 1.0)).attn
@@ -280,15 +288,31 @@ def fit_context_kernels(p: Profile, root: Path, log: Callable[[str], None]) -> P
             f"{r['fit_p90_abs_err']:.1%} on {r['fit_rows']} rows; held out ({r['held_out']}) "
             f"{r['held_median_abs_err']:.1%}/{r['held_p90_abs_err']:.1%} on "
             f"{r['held_rows']} rows")
+    modules = {k: aic.load_module_rows(root, k) for k in aic.MODULE_TABLES}
+    topk = LOGIT_BYTES / (bw / 1e3)
     model = CalibratedStepModel(cfg, "prefill", profile=p, balancedness=(1.0, 1.0))
-    check = aic.check_attention_module(
-        {k: aic.load_module_rows(root, k) for k in aic.MODULE_TABLES}, model.dense.gemms,
-        model.dense.kernels, model.attn, LOGIT_BYTES / (bw / 1e3))
+    quant = aic.fit_fp8_activation_bytes(modules[aic.ACTIVATION_FIT_KIND], model.dense.gemms,
+                                         model.dense.kernels, model.attn, topk)
+    p.set_param("gemm_fp8_quant_bytes", quant, START["gemm_fp8_quant_bytes"][3],
+                [f"aic:attention_module {aic.ACTIVATION_FIT_KIND}"],
+                f"aiconfigurator-core {aic.aic_version()} "
+                f"{aic.MODULE_TABLES[aic.ACTIVATION_FIT_KIND]} (the layer's other parts at "
+                "their own table fits); what vLLM's FP8 linear layers pay beyond the DeepGEMM "
+                "kernel (activation quantisation, scale layout); bounded below by the "
+                f"{aic.FP8_GROUP_QUANT_BYTES:.2f} bytes the quantisation itself moves")
+    model = CalibratedStepModel(cfg, "prefill", profile=p, balancedness=(1.0, 1.0))
+    check = aic.check_attention_module(modules, model.dense.gemms, model.dense.kernels,
+                                       model.attn, topk)
     p.kernel_fit["attention_module"] = check
-    log("attention layer (GEMMs + sparse attention + index logits) vs the module tables, "
-        "not fitted: " + "; ".join(f"{k} median {v['median_error']:+.1%}, median/p90 |err| "
-                                  f"{v['median_abs_err']:.1%}/{v['p90_abs_err']:.1%}"
-                                  for k, v in check["kinds"].items()))
+    log(f"FP8 activation bytes per input element {quant:.2f}, fitted to the "
+        f"{aic.ACTIVATION_FIT_KIND} attention-module rows; attention layer (GEMMs + sparse "
+        "attention + index logits) vs the module tables: "
+        + "; ".join(f"{k} ({v['role']}) median {v['median_error']:+.1%}, median/p90 |err| "
+                    f"{v['median_abs_err']:.1%}/{v['p90_abs_err']:.1%}"
+                    for k, v in check["kinds"].items()))
+    fp8 = p.kernel_fit["gemm_fp8"]["check"]
+    log(f"FP8 GEMM fit on {fp8['table']}: median/p90 |err| {fp8['median_abs_err']:.1%}/"
+        f"{fp8['p90_abs_err']:.1%} on {fp8['rows']} rows")
     return p
 
 
@@ -426,6 +450,11 @@ def _record_quality(p: Profile) -> None:
                                     "p90_abs_err": moe["fit_p90_abs_err"]}
         elif any(str(t).startswith("aic:dsv4") for t in tags) and idx:
             entry["fit_quality"] = {"median_abs_err": idx["median_abs_err"]}
+        elif tags and str(tags[0]).startswith("aic:attention_module"):
+            kinds = p.kernel_fit["attention_module"]["kinds"]
+            entry["fit_quality"] = {
+                f"{k}_{'fitted' if k == aic.ACTIVATION_FIT_KIND else 'held_out'}_{q}": r[q]
+                for k, r in kinds.items() for q in ("median_abs_err", "p90_abs_err")}
         elif tags and str(tags[0]).removeprefix("aic:") in p.kernel_fit:
             r = p.kernel_fit[str(tags[0]).removeprefix("aic:")]
             entry["fit_quality"] = {k: r[k] for k in (

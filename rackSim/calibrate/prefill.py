@@ -8,13 +8,14 @@ second of its steps. Three prices of the same steps:
 
 * model - the calibrated step model (every part of the step, expected straggler delay, the
   steady-state EPLB balancedness of an n-rank prefill instance);
-* tables - the GB300 vLLM kernel tables of aiconfigurator-core alone, interpolated, summed
-  over the same operations (dense GEMMs, mHC, sparse attention, index logits, routed experts);
-  what they leave out: top-k selection, all-to-all, DP sync, CPU, stragglers, other
-  per-layer kernels. The tables hold the V4-Flash expert (2048 wide, 256 experts): the MoE
-  lookup is scaled by the model's expert width over 2048. Attention of CSA and window layers
-  is read from the HCA sparse-attention table at the prefix length that gives a query the same
-  number of attended entries (the same kernel, `flash_mla_sparse_fwd`);
+* tables - the GB300 kernel tables of aiconfigurator-core alone (vLLM's; the FP8 block
+  GEMMs from the collection the profile fits, `aic.GEMM_ROWS`), interpolated, summed over the
+  same operations (dense GEMMs, mHC, sparse attention, index logits, routed experts); what
+  they leave out: top-k selection, all-to-all, DP sync, CPU, stragglers, the FP8 activation
+  quantisation, other per-layer kernels. The tables hold the V4-Flash expert (2048 wide,
+  256 experts): the MoE lookup is scaled by the model's expert width over 2048. Attention of
+  CSA and window layers is read from the HCA sparse-attention table at the prefix length that
+  gives a query the same number of attended entries (the same kernel, `flash_mla_sparse_fwd`);
 * aic - aiconfigurator-core's own static context-phase estimate for its DeepSeek-V4-Flash
   model (vLLM, GB300, attention DP = EP = n) at the same requests and lengths, one call per
   chunk (`EngineHandle.predict_prefill_latency`).

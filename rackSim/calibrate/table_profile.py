@@ -286,8 +286,9 @@ def table_profile(model: str, hardware: str, base: Profile,
 
     gemm_table = t.path("gemm", "gemm_perf.parquet")
     for dtype in ("fp8", "bf16"):
-        fit = aic.fit_gemm(aic.load_gemm_rows(t.root, dtype, gemm_table), dtype,
-                           hw.hbm_bw_bytes_s, hw.flops[dtype], gemm_table)
+        rows = aic.vllm_gemm_rows(dtype, gemm_table)
+        fit = aic.fit_gemm(aic.load_gemm_rows(t.root, dtype, rows), dtype,
+                           hw.hbm_bw_bytes_s, hw.flops[dtype], rows)
         store(f"gemm_{dtype}", f"gemm_{dtype}", fit)
     kernels = {d: gemm_kernel(p, d, hw.hbm_bw_bytes_s, hw.flops[d]) for d in ("fp8", "bf16")}
     p.set_constant("prefill_chunk_requests", 1, "standard attention: one varlen call, a "

@@ -8,6 +8,8 @@ HELD_OUT_TOL, and the sum over one attention layer against the module tables.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -110,36 +112,52 @@ def test_context_table_fits_hold_out_rows_within_tolerance() -> None:
 
 def test_attention_layer_sum_matches_the_module_tables() -> None:
     """The fitted parts (GEMMs, sparse attention, index logits, top-k) summed over one CSA or
-    HCA layer against the measured attention-module tables, which no fit saw: within 25 %
-    median |error| and 35 % at the 90th percentile."""
-    check = Profile.load(DEFAULT_PROFILE).kernel_fit["attention_module"]
+    HCA layer against the measured attention-module tables. The HCA rows fit one parameter,
+    the FP8 activation bytes (bounded below by what the group quantisation moves); the CSA
+    rows are held out: within 10 % median |error| and 35 % at the 90th percentile."""
+    p = Profile.load(DEFAULT_PROFILE)
+    check = p.kernel_fit["attention_module"]
     assert set(check["kinds"]) == {"csa", "hca"}
     for kind, r in check["kinds"].items():
         assert r["rows"] > 50, kind
-        assert r["median_abs_err"] <= 0.25 and r["p90_abs_err"] <= 0.35, (kind, r)
+        assert r["median_abs_err"] <= 0.10 and r["p90_abs_err"] <= 0.35, (kind, r)
+    assert check["kinds"][aic.ACTIVATION_FIT_KIND]["role"].startswith("fitted")
+    assert [r["role"] for k, r in check["kinds"].items()
+            if k != aic.ACTIVATION_FIT_KIND] == ["held out"]
+    assert p.value("gemm_fp8_quant_bytes") >= aic.FP8_GROUP_QUANT_BYTES
+    assert p.params["gemm_fp8_quant_bytes"]["fitted_to"] == [
+        f"aic:attention_module {aic.ACTIVATION_FIT_KIND}"]
 
 
-def test_fp8_block_rows_are_not_usable_and_fp8_rows_stand_in() -> None:
-    """Why the FP8 GEMMs are fitted to the per-tensor FP8 rows: the DeepGEMM FP8-block rows
-    sit on a floor of >= 0.25 ms at every shape up to 1K rows (the per-tensor kernel runs the
-    same 4096 x 4096 GEMM at 1K rows in < 0.05 ms), and the CUTLASS block rows stop at N or
-    K = 64. At 16K and more rows, where the floor no longer dominates, the FP8 fit is within
-    30 % of the block rows in median."""
+def test_fp8_block_gemms_are_fitted_to_a_collection_without_the_harness_floor() -> None:
+    """Why the FP8 block GEMMs are fitted to SGLang's DeepGEMM rows: vLLM's DeepGEMM rows sit
+    on a floor of >= 0.25 ms at every shape up to 1K rows, while the same kernel collected by
+    SGLang and by TRT-LLM on the same GPU agrees within 10 % in median over the shapes both
+    measured, and runs those small shapes in a tenth of vLLM's time or less (median); the
+    fit holds on TRT-LLM's rows within the held-out tolerance."""
     import pandas as pd
 
     assert ROOT is not None
     g = pd.read_parquet(ROOT / aic.GEMM_TABLE)
-    blk = g[(g.gemm_dtype == "fp8_block") & g.kernel_source.str.startswith("DeepGemm")]
-    small = blk[(blk.m <= 1024) & (blk.n >= 1024) & (blk.k >= 1024)]
-    assert small.latency.min() >= 0.25
-    fp8 = aic.load_gemm_rows(ROOT, "fp8")
-    assert fp8[(fp8.n == 4096) & (fp8.k == 4096) & (fp8.m == 1025)].latency.item() < 0.05
-    cutlass = g[g.kernel_source == "CutlassFp8BlockScaledMMKernel"]
-    assert (cutlass[["n", "k"]].min(axis=1) <= 64).all()
-    big = blk[(blk.m >= 16384) & (blk.n >= 1024) & (blk.k >= 1024)]
+    vllm = g[(g.gemm_dtype == "fp8_block") & g.kernel_source.str.startswith("DeepGemm")]
+    small = vllm[(vllm.m <= 1024) & (vllm.n >= 1024) & (vllm.k >= 1024)]
+    assert len(small) > 20 and small.latency.min() >= 0.25
+    sglang = aic.load_gemm_rows(ROOT, "fp8")
+    trtllm = aic.load_gemm_rows(ROOT, "fp8", aic.FP8_BLOCK_CHECK_ROWS)
+    both = sglang.merge(trtllm, on=["m", "n", "k"], suffixes=("_sglang", "_trtllm"))
+    assert len(both) > 1000
+    assert np.median(np.abs(both.latency_sglang / both.latency_trtllm - 1.0)) <= 0.10
+    floor = small.merge(both, on=["m", "n", "k"])
+    assert len(floor) > 1000
+    assert np.median(floor.latency_sglang / floor.latency) <= 0.10
+    check = Profile.load(DEFAULT_PROFILE).kernel_fit["gemm_fp8"]["check"]
+    assert check["rows"] == len(trtllm)
+    median, p90 = HELD_OUT_TOL["gemm_fp8"]
+    assert check["median_abs_err"] <= median and check["p90_abs_err"] <= p90
     p = Profile.load(DEFAULT_PROFILE)
     cfg = operating_point()
     kernel = gemm_kernel(p, "fp8", cfg.hardware.hbm_bw_bytes_s, cfg.hardware.flops["fp8"])
-    pred = kernel.ms(*(big[c].to_numpy(dtype=float) for c in ("m", "n", "k")))
-    err = np.abs(pred / big.latency.to_numpy() - 1.0)
-    assert np.median(err) <= 0.30
+    kernel = replace(kernel, quant_bytes=0.0)
+    pred = kernel.ms(*(trtllm[c].to_numpy(dtype=float) for c in ("m", "n", "k")))
+    err = np.abs(pred / trtllm.latency.to_numpy() - 1.0)
+    assert np.median(err) == pytest.approx(check["median_abs_err"], rel=1e-3)
