@@ -250,6 +250,35 @@ class DecodeSpec(StrictModel):
     speculative: SpeculativeSpec
 
 
+class ColocatedSpec(StrictModel):
+    """Instances that prefill and decode alike (no P/D disaggregation), as vLLM serves by
+    default: every step of a DP rank's scheduler carries its running requests' decode tokens
+    first, then prefill chunks up to the token budget."""
+
+    instances: int = Field(default=0, ge=0, description=(
+        "colocated instances per rack, each `gpus` wide (0: none)"))
+    gpus: PositiveInt = Field(description="DEP width (data-parallel attention ranks = EP ranks) "
+                              "or TP size")
+    parallelism: Literal["DEP", "TP"] = "DEP"
+    max_num_batched_tokens: PositiveInt = Field(description=(
+        "token budget per step per rank: decode tokens (1 + drafts per request) first, then "
+        "prefill chunks"))
+    max_num_seqs_per_rank: PositiveInt = Field(description=(
+        "running requests per rank, prefilling and decoding"))
+    speculative: SpeculativeSpec
+
+    @model_validator(mode="after")
+    def _check(self) -> ColocatedSpec:
+        decode_tokens = self.max_num_seqs_per_rank * (1 + self.speculative.num_draft_tokens)
+        if self.max_num_batched_tokens <= decode_tokens:
+            raise ValueError(
+                f"colocated.max_num_batched_tokens={self.max_num_batched_tokens}: a full batch "
+                f"of {self.max_num_seqs_per_rank} decoding requests takes {decode_tokens} tokens "
+                "of it (1 + num_draft_tokens each) and would leave no room for prefill; raise "
+                "it or lower max_num_seqs_per_rank")
+        return self
+
+
 class KvTransferSpec(StrictModel):
     mode: Literal["push", "pull"] = "push"
     latency_ms: float = Field(ge=0, description="push: setup latency of one packed-region "
@@ -286,12 +315,18 @@ class RackGroupSpec(StrictModel):
     racks: PositiveInt
     prefill: PrefillSpec | None = None
     decode: DecodeSpec | None = None
+    colocated: ColocatedSpec | None = None
 
     @property
     def gpus_per_rack(self) -> int:
         """GPUs one rack of this group uses (only meaningful once the layout is filled in)."""
-        p, d = self.prefill, self.decode
-        return p.instances * p.gpus_per_instance + d.instances * d.gpus
+        p, d, c = self.prefill, self.decode, self.colocated
+        return (p.instances * p.gpus_per_instance + d.instances * d.gpus
+                + (c.instances * c.gpus if c is not None else 0))
+
+    @property
+    def colocated_instances(self) -> int:
+        return self.colocated.instances if self.colocated is not None else 0
 
 
 class FleetRouterSpec(StrictModel):
@@ -325,13 +360,16 @@ def _merged(base: dict, over: dict) -> dict:
 
 class DeploymentSpec(StrictModel):
     """A fleet: `racks` racks of the `prefill` + `decode` layout, or rack `groups` with their
-    own layouts (a group that leaves its layout out carries the deployment's)."""
+    own layouts (a group that leaves its layout out carries the deployment's). A colocated
+    fleet sets `colocated.instances` and no prefill or decode instances: a fleet either
+    disaggregates or not."""
 
     name: str
     racks: PositiveInt | None = Field(default=None, description=(
         "racks carrying the layout (None: 1, or the sum over `groups`)"))
     prefill: PrefillSpec
     decode: DecodeSpec
+    colocated: ColocatedSpec | None = None
     groups: list[RackGroupSpec] | None = None
     kv_transfer: KvTransferSpec
     router: Literal["round_robin", "least_loaded", "session_affinity", "prefix_affinity"]
@@ -351,7 +389,7 @@ class DeploymentSpec(StrictModel):
         for g in data["groups"]:
             if isinstance(g, dict):
                 g = dict(g)
-                for role in ("prefill", "decode"):
+                for role in ("prefill", "decode", "colocated"):
                     if isinstance(g.get(role), dict) and isinstance(data.get(role), dict):
                         g[role] = _merged(data[role], g[role])
             groups.append(g)
@@ -363,9 +401,16 @@ class DeploymentSpec(StrictModel):
         the deployment carrying `racks` racks of the top-level layout."""
         if not self.groups:
             return [RackGroupSpec(name=self.name, racks=self.racks or 1, prefill=self.prefill,
-                                  decode=self.decode)]
+                                  decode=self.decode, colocated=self.colocated)]
         return [g.model_copy(update={"prefill": g.prefill or self.prefill,
-                                     "decode": g.decode or self.decode}) for g in self.groups]
+                                     "decode": g.decode or self.decode,
+                                     "colocated": g.colocated or self.colocated})
+                for g in self.groups]
+
+    @property
+    def is_colocated(self) -> bool:
+        """Whether the fleet serves with colocated instances (no P/D disaggregation)."""
+        return any(g.colocated_instances for g in self.rack_groups)
 
     @property
     def num_racks(self) -> int:
@@ -398,15 +443,25 @@ class DeploymentSpec(StrictModel):
             raise ValueError(
                 f"fleet_router.entry_groups: {self.fleet_router.entry_groups} name rack groups "
                 f"but this deployment has none besides '{self.name}'; add `groups` or drop it")
-        for role in ("prefill", "decode"):
-            if not sum(g.racks * getattr(g, role).instances for g in groups):
-                raise ValueError(f"{role}.instances: the fleet has no {role} instance; give at "
-                                 f"least one rack group {role} instances")
+        if self.is_colocated:
+            mixed = [g.name for g in groups if g.prefill.instances or g.decode.instances]
+            if mixed:
+                raise ValueError(
+                    f"colocated.instances: rack group(s) {mixed} also have prefill or decode "
+                    "instances; a fleet either disaggregates or colocates: set "
+                    "prefill.instances=0 and decode.instances=0 there, or colocated.instances=0")
+        else:
+            for role in ("prefill", "decode"):
+                if not sum(g.racks * getattr(g, role).instances for g in groups):
+                    raise ValueError(
+                        f"{role}.instances: the fleet has no {role} instance; give at least one "
+                        f"rack group {role} instances (or serve colocated: colocated.instances)")
         entry = [g for g in groups if self.fleet_router.entry_groups is None
                  or g.name in self.fleet_router.entry_groups]
-        if not any(g.prefill.instances for g in entry):
-            raise ValueError("fleet_router.entry_groups: none of these groups has prefill "
-                             "instances, so no session could start; name one that prefills")
+        if not any(g.prefill.instances or g.colocated_instances for g in entry):
+            raise ValueError("fleet_router.entry_groups: none of these groups has prefill or "
+                             "colocated instances, so no session could start; name one that "
+                             "does")
         return self
 
 
@@ -555,16 +610,20 @@ class RunConfig(StrictModel):
         """One rack group's layout: fits its rack and NVLink domains, spreads the experts,
         leaves KV room. `where` prefixes field names (`groups[1].` for a rack group)."""
         m, hw, d = self.model, self.hardware, self.deployment
-        p, dec = g.prefill, g.decode
+        p, dec, col = g.prefill, g.decode, g.colocated
+        parts = (f"{p.instances} prefill x {p.gpus_per_instance} + {dec.instances} decode x "
+                 f"{dec.gpus}" + (f" + {col.instances} colocated x {col.gpus}"
+                                  if g.colocated_instances else ""))
         if g.gpus_per_rack > hw.gpus_per_rack:
             raise ValueError(
                 f"deployment.{where}prefill/decode: one rack's layout needs {g.gpus_per_rack} GPUs "
-                f"({p.instances} prefill x {p.gpus_per_instance} + {dec.instances} decode x "
-                f"{dec.gpus}) but hardware.gpus_per_rack={hw.gpus_per_rack}, and each of its "
+                f"({parts}) but hardware.gpus_per_rack={hw.gpus_per_rack}, and each of its "
                 f"racks={g.racks} racks holds the whole layout; shrink the layout or split it "
                 "over rack groups")
         widths = [(f"{where}prefill.gpus_per_instance", p.gpus_per_instance, p.instances),
                   (f"{where}decode.gpus", dec.gpus, dec.instances)]
+        if col is not None:
+            widths.append((f"{where}colocated.gpus", col.gpus, col.instances))
         for field, width, n in widths:
             if n and width > hw.domain_gpus:
                 raise ValueError(
@@ -573,8 +632,7 @@ class RunConfig(StrictModel):
         if not fits_domains([w for _, w, n in widths for _ in range(n)], hw.domain_gpus,
                             hw.gpus_per_rack // hw.domain_gpus):
             raise ValueError(
-                f"deployment.{where}prefill/decode: {p.instances} x {p.gpus_per_instance}-GPU "
-                f"prefill + {dec.instances} x {dec.gpus}-GPU decode instances cannot be packed "
+                f"deployment.{where}prefill/decode: {parts}-GPU instances cannot be packed "
                 f"into {hw.gpus_per_rack // hw.domain_gpus} NVLink domains of {hw.domain_gpus} "
                 "GPUs without splitting one; change the widths or counts")
         experts = m.num_routed_experts + d.eplb.redundant_experts
@@ -589,23 +647,33 @@ class RunConfig(StrictModel):
             raise ValueError(
                 f"deployment.{where}decode.gpus={dec.gpus}: draft model's "
                 f"{m.draft.num_routed_experts} experts cannot be spread over it")
-        spec = dec.speculative
-        if dec.instances and m.draft is None and spec.num_draft_tokens > 0:
+        if g.colocated_instances and m.draft is not None and \
+                m.draft.num_routed_experts % col.gpus and col.gpus <= m.draft.num_routed_experts:
             raise ValueError(
-                f"deployment.{where}decode.speculative.num_draft_tokens={spec.num_draft_tokens}: "
-                f"model {m.name} has no draft (MTP) layers, so its drafts would cost nothing; "
-                "set deployment.decode.speculative.num_draft_tokens=0 and "
-                "accepted_tokens_per_step=1, or use a model spec with a draft")
+                f"deployment.{where}colocated.gpus={col.gpus}: draft model's "
+                f"{m.draft.num_routed_experts} experts cannot be spread over it")
+        for role, n, spec in (("decode", dec.instances, dec.speculative),
+                              ("colocated", g.colocated_instances,
+                               col.speculative if col is not None else None)):
+            if n and m.draft is None and spec.num_draft_tokens > 0:
+                raise ValueError(
+                    f"deployment.{where}{role}.speculative.num_draft_tokens="
+                    f"{spec.num_draft_tokens}: model {m.name} has no draft (MTP) layers, so its "
+                    f"drafts would cost nothing; set deployment.{role}.speculative."
+                    "num_draft_tokens=0 and accepted_tokens_per_step=1, or use a model spec "
+                    "with a draft")
         if m.attention is not None:
             for field, width, n in widths:
-                par = p.parallelism if "prefill" in field else dec.parallelism
+                par = (p.parallelism if "prefill" in field else dec.parallelism
+                       if "decode" in field else col.parallelism)
                 if n and par == "TP" and m.attention.heads % width:
                     raise ValueError(
                         f"deployment.{field}={width}: tensor parallelism splits the model's "
                         f"{m.attention.heads} attention heads; pick a width that divides "
                         f"{m.attention.heads}")
         for role, gpus, n in (("prefill", p.gpus_per_instance, p.instances),
-                              ("decode", dec.gpus, dec.instances)):
+                              ("decode", dec.gpus, dec.instances),
+                              ("colocated", col.gpus if col else 1, g.colocated_instances)):
             kv = kv_bytes_per_gpu(self, gpus)
             need = m.context_window * m.kv_bytes_per_token
             if n and kv < need:
@@ -620,7 +688,8 @@ class RunConfig(StrictModel):
         """This run with one rack group's layout as the deployment's (what the step models of
         that group's instances read); not re-validated, the fleet was."""
         dep = self.deployment.model_copy(update={
-            "prefill": group.prefill, "decode": group.decode, "groups": None, "racks": 1})
+            "prefill": group.prefill, "decode": group.decode, "colocated": group.colocated,
+            "groups": None, "racks": 1})
         return self.model_copy(update={"deployment": dep})
 
 

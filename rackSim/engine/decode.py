@@ -84,6 +84,7 @@ class DecodeInstance:
         self.step = 0
         self._wake: simpy.Event | None = None
         self._affinity: dict[int, int] = {}  # session key base -> rank it last used
+        self._retiring: Iterable[Job] = ()  # the requests of the current step's last tokens
         env.process(self._loop())
 
     # -- placement ------------------------------------------------------------------------
@@ -93,20 +94,23 @@ class DecodeInstance:
         The rank that served the session last while it still holds the session's prefix and
         has a free slot (its KV need not move again); otherwise the least-loaded rank.
         """
+        rank, hit = self.pick_rank(job)
+        self.pending[rank] += 1
+        self.load[rank] += 1
+        self.free_slots -= 1
+        return rank, hit
+
+    def pick_rank(self, job: Job) -> tuple[int, int]:
+        """`choose_rank`'s choice, without placing the request there."""
         load = self.load
         prev = self._affinity.get(job.inst.key_base)
         hit = 0
         if prev is not None and load[prev] < self.max_seqs:
             hit = self.caches[prev].lookup(job.path)
         if hit:
-            rank = prev
-        else:  # the first least-loaded rank
-            rank = load.index(min(load))
-            hit = self.caches[rank].lookup(job.path)
-        self.pending[rank] += 1
-        load[rank] += 1
-        self.free_slots -= 1
-        return rank, hit
+            return prev, hit
+        rank = load.index(min(load))  # the first least-loaded rank
+        return rank, self.caches[rank].lookup(job.path)
 
     def deliver(self, job: Job) -> None:
         """KV of `job` is on its rank (push) or readable (pull): it may be admitted."""
@@ -131,9 +135,8 @@ class DecodeInstance:
         limit = cap * self.ranks if cap is not None else len(ready)
         skipped: list[Job] = []
         max_skipped = 4 * self.ranks
-        n_req, pending, ctx, caches = self.n_req, self.pending, self.ctx, self.caches
-        max_seqs, a, step, finish = self.max_seqs, self.a, self.step, self._finish
-        running, now = self.running, self.env.now
+        n_req, caches, enter = self.n_req, self.caches, self._enter
+        max_seqs, step, now = self.max_seqs, self.step, self.env.now
         while ready and len(admitted) < limit:
             job = ready.popleft()
             r = job.decode_rank
@@ -153,21 +156,8 @@ class DecodeInstance:
             cache.insert(full)
             cache.pin(full)
             job.path = full
-            steps = decode_steps(job.output_tokens, a)
-            job.steps, job.admit_step = steps, step
-            last = job.finish_step = step + steps - 1
-            retiring = finish.get(last)
-            if retiring is None:
-                finish[last] = [job]
-            else:
-                retiring.append(job)
-            n_req[r] += 1
-            pending[r] -= 1
-            ctx[r] += job.prompt_tokens
-            running[id(job)] = job
+            enter(job, r, step, now)
             rec = job.rec
-            rec.decode_start_s = now
-            rec.decode_rank = r
             prompt_tokens += job.prompt_tokens
             nbytes = rec.kv_bytes_moved
             blocks = kv_blocks(round(nbytes / per_token))
@@ -190,12 +180,69 @@ class DecodeInstance:
                  if self.read_stall_ms else 0.0)
         return admitted, stall, prompt_tokens, tuple((acc[0], acc[1], acc[2]) for acc in accs)
 
+    def _enter(self, job: Job, r: int, step: int, now: float) -> None:
+        """`job` starts decoding on rank `r` at `step`: it emits its first token at the end of
+        that step and retires at the end of its last."""
+        steps = decode_steps(job.output_tokens, self.a)
+        job.steps, job.admit_step = steps, step
+        last = job.finish_step = step + steps - 1
+        retiring = self._finish.get(last)
+        if retiring is None:
+            self._finish[last] = [job]
+        else:
+            retiring.append(job)
+        self.n_req[r] += 1
+        self.pending[r] -= 1
+        self.ctx[r] += job.prompt_tokens
+        self.running[id(job)] = job
+        rec = job.rec
+        rec.decode_start_s = now
+        rec.decode_rank = r
+
+    def _emit(self, step: int, entered: list[Job], dur: float, end: float) -> float:
+        """Tokens of step `step` (`dur` s, ending at `end`): `entered` (which started this
+        step) emit their first, the others `a` each or their remainder; the inter-token gaps
+        go to the ITL histogram in the window. Retires the requests whose last step this is;
+        returns the tokens emitted."""
+        a = self.a
+        n_running = len(self.running)
+        retiring = self._finish.pop(step, ())
+        for job in entered:
+            job.rec.first_token_s = end
+        mid = n_running - len(entered)
+        emitted = float(len(entered))
+        window = self.in_window(end)
+        itl_add = self.itl.add
+        for job in retiring:
+            if job.steps == 1:
+                continue
+            mid -= 1
+            last = job.output_tokens - 1 - a * (job.steps - 2)  # in (0, a]
+            emitted += last
+            if window:
+                itl_add(dur * 1e3 / last, last)
+        emitted += a * mid
+        if window and mid > 0:
+            itl_add(dur * 1e3 / a, a * mid)
+        if self.trace_tokens:
+            self._trace(end)
+        self._retiring = retiring
+        return emitted
+
+    def _advance(self, end: float) -> None:
+        """After a step's row is written: contexts grow by `a` per running request, and the
+        requests `_emit` found at their last step retire."""
+        self.ctx = list(map(add, self.ctx, map(mul, repeat(self.a), self.n_req)))
+        for job in self._retiring:
+            self._retire(job, end)
+        self._retiring = ()
+        self.step += 1
+
     def _loop(self):
         env, a, draft_tokens = self.env, self.a, self.draft_tokens
-        model, on_step, finish, name = self.model, self.on_step, self._finish, self.name
+        model, on_step, name = self.model, self.on_step, self.name
         running, ready, n_req = self.running, self.ready, self.n_req
-        timeout, in_window, itl_add = env.timeout, self.in_window, self.itl.add
-        retire = self._retire
+        timeout, emit, advance = env.timeout, self._emit, self._advance
         no_jobs: list[Job] = []
         no_ranks: tuple[tuple[int, int, int], ...] = ()
         while True:
@@ -222,32 +269,10 @@ class DecodeInstance:
             yield timeout(dur)
             end = env.now
             n_running = len(running)
-            retiring = finish.pop(step, no_jobs)
-            # emit: first tokens and inter-token gaps of this step
-            for job in admitted:
-                job.rec.first_token_s = end
-            mid = n_running - n_admitted
-            emitted = float(n_admitted)
-            window = in_window(end)
-            for job in retiring:
-                if job.steps == 1:
-                    continue
-                mid -= 1
-                last = job.output_tokens - 1 - a * (job.steps - 2)  # in (0, a]
-                emitted += last
-                if window:
-                    itl_add(dur * 1e3 / last, last)
-            emitted += a * mid
-            if window and mid > 0:
-                itl_add(dur * 1e3 / a, a * mid)
-            if self.trace_tokens:
-                self._trace(end)
-            ctx = self.ctx
-            on_step(name, step, start, cost, 0, 0, n_running, emitted, sum(ctx), n_admitted)
-            self.ctx = list(map(add, ctx, map(mul, repeat(a), n_req)))
-            for job in retiring:
-                retire(job, end)
-            self.step = step + 1
+            emitted = emit(step, admitted, dur, end)
+            on_step(name, step, start, cost, 0, 0, n_running, emitted, sum(self.ctx),
+                    n_admitted)
+            advance(end)
 
     def _trace(self, end: float) -> None:
         """Every running request's token times (tests and small runs only: O(batch))."""

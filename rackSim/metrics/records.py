@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rackSim.perf.step import StepBreakdown
 
 NAN = math.nan
 
@@ -80,18 +84,26 @@ class RequestRecord:
 REQUEST_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
 
 STEP_COLUMNS: tuple[str, ...] = (
-    "instance",          # e.g. "prefill-3", "decode"
+    "instance",          # e.g. "prefill-3", "decode", "colocated-0"
     "step",              # step index within the instance
     "start_s",
     "duration_ms",
     "prefill_requests",  # requests with a prompt chunk in the step
     "prefill_tokens",    # prompt tokens computed in the step
     "decode_requests",   # requests generating in the step
-    "decode_tokens",     # tokens emitted in the step
+    "decode_tokens",     # tokens emitted in the step (colocated: beyond first tokens)
     "context_tokens",    # tokens of context attended (sum over requests)
-    "new_loads",         # KV loads admitted (decode)
+    "new_loads",         # KV loads admitted (decode); prompts completed (colocated)
     "balancedness",      # EPLB mean/max rank load (NaN when not modelled)
     "moe_ms", "attention_ms", "indexer_ms", "dense_ms", "comm_ms", "draft_ms", "cpu_ms",
     "sync_ms", "straggler_ms", "kv_stall_ms",
 )
 """Columns of a step table; simulated rows fill all, measured rows leave unknowns NaN."""
+
+
+def step_row(name: str, step: int, start: float, cost: StepBreakdown, p_req: int, p_tok: int,
+             d_req: int, d_tok: float, ctx: float, loads: int, balancedness: float) -> tuple:
+    """One simulated step as a row of STEP_COLUMNS (`cost` in ms)."""
+    return (name, step, start, cost.total_ms, p_req, p_tok, d_req, d_tok, ctx, loads,
+            balancedness, cost.moe, cost.attention, cost.indexer, cost.dense, cost.comm,
+            cost.draft, cost.cpu, cost.sync, cost.straggler, cost.kv_stall)

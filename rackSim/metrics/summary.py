@@ -165,8 +165,9 @@ def fleet_tables(df: pd.DataFrame, steps: pd.DataFrame, layout: FleetLayout, t0:
     credited to the prefill rack, output to the decode rack), TTFT P90, interactivity, cache
     hit rate, share of its prefilled requests decoded in another rack, sessions moved here
     (spill or prefix).
-    instances: role, rack, steps and busy share in the window, mean step, requests, and for
-    decode instances their ITL P90 and interactivity."""
+    instances: role (prefill, decode, colocated), rack, steps and busy share in the window,
+    mean step, requests, and for decode and colocated instances their ITL P90 and
+    interactivity."""
     window = max(t1 - t0, 1e-9)
     first = df["first_token_s"]
     in_win = (first >= t0) & (first < t1)
@@ -197,10 +198,12 @@ def fleet_tables(df: pd.DataFrame, steps: pd.DataFrame, layout: FleetLayout, t0:
     win_steps = steps[(steps["start_s"] >= t0) & (steps["start_s"] < t1)]
     inst = []
     for name, g in win_steps.groupby("instance", sort=False):
-        decode = name in layout.decode_itl
-        index = int(name.rpartition("-")[2]) if "-" in name else 0  # "decode" is the only one
-        n = int((sent["decode_instance" if decode else "prefill_instance"] == index).sum())
-        row = {"instance": name, "role": "decode" if decode else "prefill",
+        decode = name in layout.decode_itl  # decode and colocated instances emit tokens
+        role = name.rpartition("-")[0] or name  # "decode" alone is the only decode instance
+        index = int(name.rpartition("-")[2]) if "-" in name else 0
+        n = int((sent["decode_instance" if role == "decode" else "prefill_instance"]
+                 == index).sum())
+        row = {"instance": name, "role": role,
                "rack": layout.instance_racks[name], "steps": len(g),
                "busy_share": float(g["duration_ms"].sum()) / 1e3 / window,
                "step_ms_mean": float(g["duration_ms"].mean()), "requests": n}

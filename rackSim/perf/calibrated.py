@@ -14,7 +14,7 @@ and the breakdown fields sum to the step time. See docs/perf.md for each equatio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rackSim.config.specs import RunConfig
@@ -110,14 +110,19 @@ class CalibratedStepModel:
                  prefill_opts: PrefillOptimisations | None = None,
                  balancedness: tuple[float, float] | None = None,
                  low_latency_decode: bool | None = None):
-        if role not in ("prefill", "decode"):
-            raise ValueError(f"role must be 'prefill' or 'decode', not '{role}'")
+        if role not in ("prefill", "decode", "colocated"):
+            raise ValueError(f"role must be 'prefill', 'decode' or 'colocated', not '{role}'")
         self.cfg, self.role, self.seed = cfg, role, seed
         p = profile if profile is not None else load_profile(cfg)
         self.profile = p
         m, hw, d = cfg.model, cfg.hardware, cfg.deployment
-        self.ranks = d.decode.gpus if role == "decode" else d.prefill.gpus_per_instance
-        par = d.decode.parallelism if role == "decode" else d.prefill.parallelism
+        if role == "colocated" and d.colocated is None:
+            raise ValueError("deployment.colocated: a colocated step model needs the "
+                             "colocated layout")
+        self.ranks = {"decode": d.decode.gpus, "prefill": d.prefill.gpus_per_instance,
+                      "colocated": d.colocated.gpus if d.colocated else 0}[role]
+        par = {"decode": d.decode.parallelism, "prefill": d.prefill.parallelism,
+               "colocated": d.colocated.parallelism if d.colocated else "DEP"}[role]
         #: tensor-parallel width (1 for DEP: experts spread, attention data-parallel)
         self.tp = self.ranks if par == "TP" else 1
         att = m.attention
@@ -185,7 +190,8 @@ class CalibratedStepModel:
         self._tlb = p.value("tlb_overhead")
         self._topk_ns = p.value("topk_ns_per_candidate")
         lag = cfg.perf.lagged_ranks if lagged_ranks is None else lagged_ranks
-        sync_points = m.num_layers if role == "prefill" else int(
+        # a step with prefill in it runs eagerly, layer by layer; a decode step as CUDA graphs
+        sync_points = m.num_layers if role != "decode" else int(
             p.setting("decode_sync_points", 1))
         self._absorb = p.value("straggler_absorb")
         self._sync_points = sync_points
@@ -202,7 +208,7 @@ class CalibratedStepModel:
         self.eplb_draft: EplbState | None = None
         if balancedness is None and self.target.experts:
             self.eplb_target = self._eplb_state(self.target, "target", seed * 2 + 1)
-            if self.draft_shape is not None and role == "decode":
+            if self.draft_shape is not None and role != "prefill":
                 self.eplb_draft = self._eplb_state(self.draft_shape, "draft", seed * 2 + 2)
         self._eplb_busy = (0, 0)
         self._eplb_extra_ms = 0.0
@@ -337,13 +343,7 @@ class CalibratedStepModel:
         q = 1 + batch.draft_tokens
         tokens = reqs * q
         moe = self._moe_tp_ms(self.target, tokens)
-        e = a.entries(ctx / reqs)
-        # Heads are split; a single shared KV head or latent (and the index keys) is read by
-        # all, GQA KV heads are split with the query heads.
-        attention = (a.layers * a.kernel_ms
-                     + reqs * (e * (q * a.entry_flops / a.flops_ms / t
-                                    + a.entry_bytes / a.bytes_ms / self._kv_shards)
-                               + a.layers * a.request_ms))
+        attention = self._tp_decode_attention_ms(reqs, ctx, q)
         indexer = a.decode_indexer_ms(reqs, ctx)
         dense = self._dense_fixed_ms + self._dense_ms(tokens, reqs, t, True)
         comm = self._tp_allreduce_ms(tokens, m.num_layers)
@@ -352,17 +352,33 @@ class CalibratedStepModel:
         # standard path's or the specialised (fused, low-latency) kernels'. Charged per layer
         # executed: target layers to `dense`, draft layers to `draft`.
         dense += m.num_layers * self._tp_layer_latency_ms
-        draft = 0.0
-        if self.draft_shape is not None and batch.draft_tokens > 0:
-            per = (self._moe_tp_ms(self.draft_shape, reqs)
-                   + self.draft_shape.layers * (self._dense_kernel_ms + self._tp_layer_latency_ms)
-                   + self._draft_dense_bytes / t / self._hbm_ms
-                   + self._tp_allreduce_ms(reqs, self.draft_shape.layers))
-            draft = batch.draft_tokens * per
+        draft = self._tp_draft_ms(reqs, batch.draft_tokens)
         gpu = moe + attention + indexer + dense + comm + draft
         return StepBreakdown(moe=moe, attention=attention, indexer=indexer, dense=dense,
                              comm=comm, draft=draft, cpu=cpu, sync=self._sync_ms,
                              straggler=self._straggler(gpu))
+
+    def _tp_decode_attention_ms(self, reqs: float, ctx: float, q: int) -> float:
+        """Decode attention of a TPn instance over `reqs` requests holding `ctx` context
+        tokens, `q` query tokens each (ms). Heads are split; a single shared KV head or latent
+        (and the index keys) is read by all, GQA KV heads are split with the query heads."""
+        a, t = self.attn, self.tp
+        e = a.entries(ctx / reqs)
+        return (a.layers * a.kernel_ms
+                + reqs * (e * (q * a.entry_flops / a.flops_ms / t
+                               + a.entry_bytes / a.bytes_ms / self._kv_shards)
+                          + a.layers * a.request_ms))
+
+    def _tp_draft_ms(self, reqs: float, draft_tokens: int) -> float:
+        """Draft model of a TPn instance: one forward per draft token over `reqs` (ms)."""
+        if self.draft_shape is None or draft_tokens <= 0:
+            return 0.0
+        t = self.tp
+        per = (self._moe_tp_ms(self.draft_shape, reqs)
+               + self.draft_shape.layers * (self._dense_kernel_ms + self._tp_layer_latency_ms)
+               + self._draft_dense_bytes / t / self._hbm_ms
+               + self._tp_allreduce_ms(reqs, self.draft_shape.layers))
+        return draft_tokens * per
 
     # -- decode -----------------------------------------------------------------------------------
     def decode_step(self, batch: DecodeBatch) -> StepBreakdown:
@@ -461,50 +477,121 @@ class CalibratedStepModel:
 
     # -- prefill ---------------------------------------------------------------------------------
     def _prefill_gpu(self, tokens_total: float, requests: int, mean_context: float, n: int,
-                     b: float) -> tuple[float, float, float, float, float]:
-        """GPU parts of a prefill step computing `tokens_total` tokens on `n` ranks:
-        (moe, attention, indexer, dense, comm) in ms."""
+                     b: float, busiest: float = 0.0, dec: _DecodeShare | None = None
+                     ) -> tuple[float, float, float, float, float]:
+        """GPU parts of a prefill step computing `tokens_total` tokens on `n` ranks (the
+        busiest rank `busiest` of them, if more than an even share), with a colocated step's
+        decode share `dec` in the same forward: (moe, attention, indexer, dense, comm) in ms."""
         g = gather_factor(self.prefill_opts, self._tlb)
         a = self.attn
+        dec = dec or NO_DECODE
         if self.tp > 1:
             # TP: every GPU sees all tokens with 1/tp of the heads and of each expert.
             t = self.tp
-            moe = self._moe_tp_ms(self.target, tokens_total)
-            comm = self._tp_allreduce_ms(tokens_total, self.cfg.model.num_layers)
-            dense = self._dense_fixed_ms + self._dense_ms(tokens_total, requests, t, False)
+            tokens = tokens_total + dec.tokens
+            moe = self._moe_tp_ms(self.target, tokens)
+            comm = self._tp_allreduce_ms(tokens, self.cfg.model.num_layers)
+            dense = self._dense_fixed_ms + self._dense_ms(tokens, requests + dec.requests, t,
+                                                          False)
             attention = a.prefill_attention_ms(tokens_total / t, mean_context, requests) * g
             score = a.prefill_indexer_score_ms(tokens_total / t, mean_context) * g
             pairs = a.prefill_indexer_pairs(tokens_total / t, mean_context)
             select = topk_select_ms(self.prefill_opts, pairs, self._topk_ns, self._hbm_ms)
-            return moe, attention, score + select, dense, comm
-        per_rank = tokens_total / n
-        moe, comm = self._moe_comm(self.target, tokens_total, n, b)
-        dense = self._dense_fixed_ms + self._dense_ms(per_rank, requests / n, 1, False)
+            return (moe, attention + dec.attention, score + select + dec.indexer, dense, comm)
+        per_rank = max(tokens_total / n, busiest)
+        moe, comm = self._moe_comm(self.target, tokens_total + dec.tokens, n, b)
+        dense = self._dense_fixed_ms + self._dense_ms(per_rank + dec.rank_tokens,
+                                                      requests / n + dec.rank_requests, 1, False)
         attention = a.prefill_attention_ms(per_rank, mean_context, requests / n) * g
         score = a.prefill_indexer_score_ms(per_rank, mean_context) * g
         pairs = a.prefill_indexer_pairs(per_rank, mean_context)
         select = topk_select_ms(self.prefill_opts, pairs, self._topk_ns, self._hbm_ms)
-        return moe, attention, score + select, dense, comm
+        return (moe, attention + dec.attention, score + select + dec.indexer, dense, comm)
 
-    def prefill_step(self, batch: PrefillBatch) -> StepBreakdown:
+    def _prefill_parts(self, batch: PrefillBatch, b: float, dec: _DecodeShare | None = None
+                       ) -> tuple[tuple[float, ...], float]:
+        """GPU parts of `batch` (`_prefill_gpu`, with the bounded replay of cached tokens) and
+        its CPU: step, admission of the prompts, KV promoted from the host tier (ms)."""
         n = batch.ranks
         reqs = max(batch.num_requests, 1)
         cached = max(batch.attended_tokens - batch.new_tokens, 0) / reqs
         mean_ctx = cached + batch.new_tokens / reqs / 2.0
-        self._prefill_steps += 1
-        b = self.balancedness(self._prefill_steps)[0] if self.ranks == n else 1.0
-        parts = self._prefill_gpu(batch.new_tokens, reqs, mean_ctx, n, b)
+        busiest = batch.busiest_rank_tokens
+        parts = self._prefill_gpu(batch.new_tokens, reqs, mean_ctx, n, b, busiest, dec)
         replay = replayed_tokens(self.prefill_opts, cached, self._replay_baseline) * reqs
         if replay > 0:
-            more = self._prefill_gpu(batch.new_tokens + replay, reqs, mean_ctx, n, b)
+            more = self._prefill_gpu(batch.new_tokens + replay, reqs, mean_ctx, n, b,
+                                     busiest * (1.0 + replay / batch.new_tokens), dec)
             share = self._replay_share
             parts = tuple([v + (w - v) * share for v, w in zip(parts, more, strict=True)])
-        moe, attention, indexer, dense, comm = parts
         host = batch.host_loaded_bytes / n / self._host_link_ms
         cpu = self._cpu_step_ms + admission_ms(batch.admitted_prompt_tokens, self._admit_ns) + host
+        return parts, cpu
+
+    def prefill_step(self, batch: PrefillBatch) -> StepBreakdown:
+        n = batch.ranks
+        self._prefill_steps += 1
+        b = self.balancedness(self._prefill_steps)[0] if self.ranks == n else 1.0
+        (moe, attention, indexer, dense, comm), cpu = self._prefill_parts(batch, b)
         sync = self._sync_ms if n == self.ranks else allreduce_ms(
             self.allreduce, n // self.tp, self.profile.value("allreduce_call_ms"),
             self.profile.value("allreduce_hop_ms"))
         gpu = moe + comm + dense + attention + indexer
         return StepBreakdown(moe, attention, indexer, dense, comm, cpu=cpu, sync=sync,
                              straggler=self._straggler(gpu))
+
+    # -- colocated -------------------------------------------------------------------------------
+    def mixed_step(self, prefill: PrefillBatch, decode: DecodeBatch) -> StepBreakdown:
+        """One step of a colocated instance: prefill chunks and decode tokens in one forward.
+
+        Without prefill it is a decode step (CUDA graphs, `decode_step`). Otherwise the
+        experts, the all-to-all (TP: all-reduce) and the dense GEMMs see both token sets at
+        once (weights read once, per-call costs paid once: a batch with prefill in it runs
+        eagerly); attention and the indexer add the busiest rank's decode to the prefill
+        chunks'; the draft model runs over the decoding requests; CPU is the step's plus the
+        admitted prompts'. The busiest rank's prefill tokens and its decode requests set the
+        per-rank parts together (an upper bound when they sit on different ranks)."""
+        reqs, ctxs = decode.requests_per_rank, decode.context_tokens_per_rank
+        if prefill.new_tokens <= 0:
+            return self.decode_step(decode)
+        q = 1 + decode.draft_tokens
+        total = sum(reqs)
+        b_t, b_d = self.balancedness(decode.step_index)
+        self.last_balancedness = b_t
+        if total <= 0:
+            dec, draft = NO_DECODE, 0.0
+        elif self.tp > 1:
+            ctx = sum(ctxs)
+            dec = _DecodeShare(total * q, total * q, total, total,
+                               self._tp_decode_attention_ms(total, ctx, q),
+                               self.attn.decode_indexer_ms(total, ctx))
+            draft = self._tp_draft_ms(total, decode.draft_tokens)
+        else:
+            wr, wc = self._busiest_rank(reqs, ctxs, q)
+            dec = _DecodeShare(total * q, wr * q, total, wr,
+                               self.attn.decode_attention_ms(wr, wc, q),
+                               self.attn.decode_indexer_ms(wr, wc))
+            draft = self._draft_ms(total, len(reqs), b_d, decode.draft_tokens)
+        (moe, attention, indexer, dense, comm), cpu = self._prefill_parts(prefill, b_t, dec)
+        moe += self._eplb_overhead_ms(decode.step_index)
+        gpu = moe + attention + indexer + dense + comm + draft
+        return StepBreakdown(moe=moe, attention=attention, indexer=indexer, dense=dense,
+                             comm=comm, draft=draft, cpu=cpu, sync=self._sync_ms,
+                             straggler=self._straggler(gpu))
+
+
+@dataclass(frozen=True, slots=True)
+class _DecodeShare:
+    """The decode part of a colocated step, as the prefill pricing adds it: tokens of all
+    ranks and of the busiest rank, requests of all ranks and of the busiest rank, and the
+    busiest rank's decode attention and indexer (ms)."""
+
+    tokens: float
+    rank_tokens: float
+    requests: float
+    rank_requests: float
+    attention: float
+    indexer: float
+
+
+NO_DECODE = _DecodeShare(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)

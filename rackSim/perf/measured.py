@@ -12,10 +12,10 @@ engine step, which mixes prefill chunks and decode tokens:
 profile also records the server's shape (scheduler limits, KV cache) it was measured on.
 
 `build_step_model` dispatches `cfg.perf.model == "measured"` here:
-`MeasuredStepModel(cfg, role=role, seed=seed)` reads `cfg.perf.profile`; the colocated engine
-prices vLLM's mixed steps with `mixed_step`. The profile has no per-operator split, so the
-breakdown is coarse: the constant and per-step overhead go to `cpu`, the per-token and
-per-request terms to `dense`, the context term to `attention`.
+`MeasuredStepModel(cfg, role=role, seed=seed)` reads `cfg.perf.profile`; a colocated instance
+(`rackSim.engine.colocated`) prices vLLM's mixed steps with `mixed_step`. The profile has no
+per-operator split, so the breakdown is coarse: the constant and per-step overhead go to
+`cpu`, the per-token and per-request terms to `dense`, the context term to `attention`.
 """
 
 from __future__ import annotations
@@ -117,9 +117,8 @@ class MeasuredStepModel:
     def from_profile(cls, profile: Profile, role: str = "colocated") -> MeasuredStepModel:
         return cls(profile=profile, role=role)
 
-    def mixed_step(self, prefill_tokens: float, prefill_requests: int, decode_requests: int,
-                   context_tokens: float = 0.0) -> StepBreakdown:
-        """One engine step with prefill chunks and decode tokens together (ms)."""
+    def _step(self, prefill_tokens: float, prefill_requests: float, decode_requests: float,
+              context_tokens: float) -> StepBreakdown:
         c = self.profile.coeffs
         return StepBreakdown(
             cpu=c["const_ms"] + self.profile.overhead_ms,
@@ -128,11 +127,18 @@ class MeasuredStepModel:
                    + c["per_decode_request_ms"] * decode_requests),
             attention=c["per_context_token_ms"] * context_tokens)
 
+    def mixed_step(self, prefill: PrefillBatch, decode: DecodeBatch) -> StepBreakdown:
+        """One engine step with prefill chunks and decode tokens together (ms); DP ranks run
+        in lock-step, so the busiest rank's decode (requests, context) counts."""
+        return self._step(prefill.new_tokens, prefill.num_requests,
+                          max(decode.requests_per_rank, default=0),
+                          prefill.attended_tokens + max(decode.context_tokens_per_rank,
+                                                        default=0.0))
+
     def prefill_step(self, batch: PrefillBatch) -> StepBreakdown:
-        return self.mixed_step(batch.new_tokens, batch.num_requests, 0, batch.attended_tokens)
+        return self._step(batch.new_tokens, batch.num_requests, 0, batch.attended_tokens)
 
     def decode_step(self, batch: DecodeBatch) -> StepBreakdown:
         """Ranks run in lock-step: the busiest rank (requests, context) sets the time."""
-        reqs = max(batch.requests_per_rank, default=0)
-        ctx = max(batch.context_tokens_per_rank, default=0.0)
-        return self.mixed_step(0, 0, reqs, ctx)
+        return self._step(0, 0, max(batch.requests_per_rank, default=0),
+                          max(batch.context_tokens_per_rank, default=0.0))

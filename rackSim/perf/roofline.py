@@ -145,3 +145,26 @@ class RooflineStepModel:
         sync = allreduce_ms(cfg.deployment.allreduce, n, self.ALLREDUCE_HOP_MS)
         return StepBreakdown(moe=moe, attention=attention, indexer=indexer, dense=dense,
                              comm=comm, draft=draft, cpu=cpu, sync=sync)
+
+    def mixed_step(self, prefill: PrefillBatch, decode: DecodeBatch) -> StepBreakdown:
+        """A colocated step: experts, all-to-all and dense GEMMs over both token sets at once
+        (weights read once); attention, indexer, draft and CPU of each part; the busiest rank's
+        prefill and decode tokens set the per-rank work."""
+        if prefill.new_tokens <= 0:
+            return self.decode_step(decode)
+        p = self.prefill_step(prefill)
+        reqs = decode.requests_per_rank
+        if sum(reqs) <= 0:
+            return p
+        d = self.decode_step(decode)
+        cfg, roof, m = self.cfg, self.roof, self.cfg.model
+        n = prefill.ranks
+        q = 1 + decode.draft_tokens
+        per_rank = max(prefill.new_tokens / n, prefill.busiest_rank_tokens) + max(reqs) * q
+        moe = moe_ms(cfg, roof, prefill.new_tokens + sum(reqs) * q, n, m.experts_per_token,
+                     m.num_routed_experts, m.expert_params, m.num_moe_layers)
+        dense = roof.op_ms(self._dense_bytes, self._dense_flops_per_token * per_rank)
+        return StepBreakdown(moe=moe, attention=p.attention + d.attention,
+                             indexer=p.indexer + d.indexer, dense=dense,
+                             comm=alltoall_ms(cfg, roof, per_rank, n), draft=d.draft, cpu=p.cpu,
+                             sync=d.sync)

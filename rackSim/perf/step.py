@@ -62,6 +62,8 @@ class PrefillBatch:
     admitted_prompt_tokens: prompt tokens of requests admitted this step (CPU admission work).
     host_loaded_bytes: KV bytes promoted from the host tier for this step's requests.
     ranks: GPUs of the instance (DEP width or TP size).
+    busiest_rank_tokens: new tokens of the DP rank computing the most (0: spread evenly over
+        the ranks, as a prefill instance's one scheduler spreads them).
     """
 
     new_tokens: int
@@ -70,6 +72,7 @@ class PrefillBatch:
     admitted_prompt_tokens: int
     ranks: int
     host_loaded_bytes: float = 0.0
+    busiest_rank_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -107,3 +110,7 @@ class StepModel(Protocol):
     def prefill_step(self, batch: PrefillBatch) -> StepBreakdown: ...
 
     def decode_step(self, batch: DecodeBatch) -> StepBreakdown: ...
+
+    def mixed_step(self, prefill: PrefillBatch, decode: DecodeBatch) -> StepBreakdown:
+        """A colocated instance's step: prefill chunks and decode tokens in one forward."""
+        ...
