@@ -34,16 +34,19 @@ ERROR_RECORD = "error.json"
 
 
 def layout_name(dep: DeploymentSpec) -> str:
-    """Short layout label, e.g. `P8xDEP2+DEP32`: prefill instances x their width + decode width;
+    """Short layout label, e.g. `P8xDEP2+DEP32`: prefill instances x their width + decode width
+    (`C3xDEP16`: three colocated DEP16 instances);
     a fleet names each rack group as `racks x (layout)` with its decode instances, e.g.
     `14x(P8xDEP2+2xDEP16)` (a part with no instances is left out)."""
     labels = []
     for g in dep.rack_groups:
-        p, d = g.prefill, g.decode
+        p, d, c = g.prefill, g.decode, g.colocated
         dec = f"{d.instances}x" if d.instances != 1 else ""
         label = "+".join(part for n, part in (
             (p.instances, f"P{p.instances}x{p.parallelism}{p.gpus_per_instance}"),
-            (d.instances, f"{dec}{d.parallelism}{d.gpus}")) if n)
+            (d.instances, f"{dec}{d.parallelism}{d.gpus}"),
+            (g.colocated_instances,
+             f"C{g.colocated_instances}x{c.parallelism}{c.gpus}" if c else "")) if n)
         labels.append(label if g.racks == 1 and not dep.groups else f"{g.racks}x({label})")
     return " + ".join(labels)
 

@@ -6,9 +6,10 @@ use those numbers), decode ranks too (the KV channel's links). One rack with one
 instance keeps the names and seeds it had before fleets (`prefill-<i>`, `decode`), so the
 reference run is unchanged.
 
-A rack here is the disaggregated layout (prefill instances + decode instances). A layout
-without P/D disaggregation would give a rack colocated instances instead and route requests
-to them directly; `Rack.prefills` / `Rack.decodes` are where such a rack differs.
+A rack carries the disaggregated layout (prefill instances + decode instances) or, in a
+colocated fleet, colocated instances that prefill and decode alike (`Rack.colocated`, behind
+the rack's router as prefill instances are; nothing crosses a link). Colocated instance j
+takes the step-model seed of prefill instance j (a fleet has one kind or the other).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from functools import partial
 import simpy
 
 from rackSim.config.specs import RackGroupSpec, RunConfig, kv_bytes_per_gpu
+from rackSim.engine.colocated import ColocatedInstance
 from rackSim.engine.decode import DecodeInstance
 from rackSim.engine.kv_transfer import KvTransferChannel, LinkEnd
 from rackSim.engine.prefill import PrefillInstance
@@ -47,8 +49,9 @@ class Rack:
     prefill_gpus: int
     gpus: int
     work: float = 0.0
-    #: decode instances' ITL histograms, by instance name
+    #: decode (or colocated) instances' ITL histograms, by instance name
     itl: dict[str, LatencyHistogram] = field(default_factory=dict)
+    colocated: list[ColocatedInstance] = field(default_factory=list)
 
     @property
     def work_per_gpu(self) -> float:
@@ -60,6 +63,7 @@ class Fleet:
     racks: list[Rack]
     prefills: list[PrefillInstance]
     decodes: list[DecodeInstance]
+    colocated: list[ColocatedInstance]
     transfer: KvTransferChannel
     #: step models by instance name (the step rows read EPLB balancedness from them)
     models: dict[str, object]
@@ -83,8 +87,10 @@ class _Seeds:
 
 def build_fleet(cfg: RunConfig, env: simpy.Environment,
                 on_prefilled: Callable, on_step: Callable, in_window: Callable[[float], bool],
-                deliver: Callable) -> Fleet:
-    """Every rack of `cfg.deployment`, wired to the simulation's callbacks."""
+                deliver: Callable, on_prompt_done: Callable) -> Fleet:
+    """Every rack of `cfg.deployment`, wired to the simulation's callbacks (`on_prefilled`:
+    a prefill instance computed a prompt, whose KV must move; `on_prompt_done`: a colocated
+    instance did, and decodes it itself)."""
     d, m, hw = cfg.deployment, cfg.model, cfg.hardware
     groups = d.rack_groups
     one_decode = d.num_racks == 1 and groups[0].decode.instances == 1
@@ -97,6 +103,7 @@ def build_fleet(cfg: RunConfig, env: simpy.Environment,
     racks: list[Rack] = []
     prefills: list[PrefillInstance] = []
     decodes: list[DecodeInstance] = []
+    colocated: list[ColocatedInstance] = []
     out_ends: list[LinkEnd] = []
     in_ends: list[LinkEnd] = []
     pull_links: list[tuple[DecodeInstance, float, float]] = []
@@ -108,6 +115,14 @@ def build_fleet(cfg: RunConfig, env: simpy.Environment,
         d_blocks = int(kv_bytes_per_gpu(gcfg, dec.gpus) * (dec.gpus / ranks) / block_bytes)
         for _ in range(g.racks):
             k = len(racks)
+            if g.colocated_instances:
+                rack = _colocated_rack(gcfg, g, env, k, len(colocated), seeds, block_bytes,
+                                       models, on_prompt_done, on_step, in_window)
+                for inst in rack.colocated:
+                    instance_racks[inst.name] = k
+                colocated.extend(rack.colocated)
+                racks.append(rack)
+                continue
             rack_prefills = _prefills(gcfg, g, env, len(prefills), seeds, block_bytes, models,
                                       on_prefilled, on_step)
             for p in rack_prefills:
@@ -143,7 +158,36 @@ def build_fleet(cfg: RunConfig, env: simpy.Environment,
         for inst, local_bw, remote_bw in pull_links:
             inst.read_stall_ms = partial(transfer.read_stall_ms, local_bytes_s=local_bw,
                                          remote_bytes_s=remote_bw)
-    return Fleet(racks, prefills, decodes, transfer, models, instance_racks)
+    return Fleet(racks, prefills, decodes, colocated, transfer, models, instance_racks)
+
+
+def _colocated_rack(cfg: RunConfig, g: RackGroupSpec, env: simpy.Environment, k: int,
+                    first: int, seeds: _Seeds, block_bytes: float, models: dict[str, object],
+                    on_prompt_done: Callable, on_step: Callable,
+                    in_window: Callable[[float], bool]) -> Rack:
+    """Rack `k` of a colocated group, its instances numbered from `first` across the fleet.
+    Each DP rank (one per GPU for DEP, one per instance for TP) has the KV cache of its GPUs
+    and, with host offload, their host memory."""
+    col, d, m = g.colocated, cfg.deployment, cfg.model
+    ranks = col.gpus if col.parallelism == "DEP" else 1
+    per_rank = col.gpus // ranks
+    gpu_blocks = int(kv_bytes_per_gpu(cfg, col.gpus) * per_rank / block_bytes)
+    host_blocks = int(cfg.hardware.host_mem_bytes_per_gpu * per_rank / block_bytes) \
+        if d.cache.host_offload else 0
+    itl: dict[str, LatencyHistogram] = {}
+    out = []
+    for j in range(first, first + col.instances):
+        name = f"colocated-{j}"
+        models[name] = model = build_step_model(cfg, "colocated", seed=seeds.prefill(j))
+        itl[name] = hist = LatencyHistogram()
+        out.append(ColocatedInstance(
+            env, j, ranks, col.max_num_batched_tokens, col.max_num_seqs_per_rank,
+            col.speculative.accepted_tokens_per_step, col.speculative.num_draft_tokens,
+            [TieredPrefixCache(gpu_blocks, host_blocks) for _ in range(ranks)], model,
+            m.kv_bytes_per_token, hist, in_window, cfg.trace_tokens, on_prompt_done, on_step,
+            rack=k))
+    return Rack(k, g.name, [], [], Router(d.router, out), col.instances * col.gpus,
+                g.gpus_per_rack, itl=itl, colocated=out)
 
 
 def _prefills(cfg: RunConfig, g: RackGroupSpec, env: simpy.Environment, first: int,

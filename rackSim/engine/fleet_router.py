@@ -1,5 +1,8 @@
 """The global router: which rack prefills a request, and which decode instance decodes it.
 
+In a colocated fleet the rack's router picks a colocated instance, which prefills and decodes
+the request itself: only the rack choice below applies.
+
 Rack choice (`deployment.fleet_router.policy`), recorded in `RequestRecord.route`:
 
 - round_robin: entry racks in turn (`round_robin`).
@@ -30,6 +33,7 @@ and `decode_spill` is on, the instance with the most free slots in the fleet. Th
 from __future__ import annotations
 
 from rackSim.config.specs import FleetRouterSpec
+from rackSim.engine.colocated import ColocatedInstance
 from rackSim.engine.decode import DecodeInstance
 from rackSim.engine.fleet import Rack
 from rackSim.engine.prefill import PrefillInstance
@@ -40,7 +44,7 @@ class FleetRouter:
     def __init__(self, spec: FleetRouterSpec, racks: list[Rack], decodes: list[DecodeInstance]):
         self.spec, self.racks, self.decodes = spec, racks, decodes
         entry = spec.entry_groups
-        self.prefilling = [r for r in racks if r.prefills]
+        self.prefilling = [r for r in racks if r.router is not None]
         self.entry = [r for r in self.prefilling if entry is None or r.group in entry]
         self.single = len(racks) == 1
         self._next = 0
@@ -65,9 +69,10 @@ class FleetRouter:
         """`job`'s prompt is computed: its work leaves its prefill rack's queue."""
         self.racks[job.rec.prefill_rack].work -= job.routed_tokens
 
-    def home(self, key: int, rack: Rack, prefill: PrefillInstance,
-             decode: DecodeInstance) -> None:
-        """Primer: a session whose prefix was made resident in `rack` lives there."""
+    def home(self, key: int, rack: Rack, prefill: PrefillInstance | ColocatedInstance,
+             decode: DecodeInstance | None) -> None:
+        """Primer: a session whose prefix was made resident in `rack` lives there (on a
+        colocated instance: `prefill`, with no decode instance)."""
         self._home[key], self._decode[key] = rack, decode
         self._last_prefill[key] = (rack, prefill)
 

@@ -2,7 +2,8 @@
 
 Data flow: clients -> global router (rack) -> rack router -> prefill instance (chunked prefill,
 prefix cache) -> global router (decode instance) -> KV transfer (NVLink in a rack, scale-out
-NICs between racks) -> decode instance (DP ranks, continuous batching) -> clients. Every step
+NICs between racks) -> decode instance (DP ranks, continuous batching) -> clients; in a
+colocated fleet, rack router -> colocated instance (prefill and decode) -> clients. Every step
 and every request is recorded; inter-token latency goes into one histogram per decode instance
 for the measurement window only.
 """
@@ -25,7 +26,7 @@ from rackSim.engine.fleet import build_fleet
 from rackSim.engine.fleet_router import FleetRouter
 from rackSim.engine.request import Job
 from rackSim.metrics.histogram import LatencyHistogram
-from rackSim.metrics.records import RequestRecord
+from rackSim.metrics.records import RequestRecord, step_row
 from rackSim.perf.step import StepBreakdown
 from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, SessionInstance
 from rackSim.workload.open_loop import OpenLoopSchedule
@@ -97,7 +98,8 @@ class Simulation:
         self._window_s = cfg.workload.replay.window_s
         self._kv_bytes_per_token = m.kv_bytes_per_token
         fleet = build_fleet(cfg, env, self._prefilled, self._on_step, self._in_window,
-                            deliver=lambda job: job.decode.deliver(job))
+                            deliver=lambda job: job.decode.deliver(job),
+                            on_prompt_done=lambda job: self.router.prefilled(job))
         self.fleet, self.racks = fleet, fleet.racks
         self.prefills, self.decodes, self.transfer = fleet.prefills, fleet.decodes, fleet.transfer
         self._models = fleet.models
@@ -139,6 +141,11 @@ class Simulation:
         entry = self.router.entry
         rack = entry[inst.lane % len(entry)]
         q = inst.lane // len(entry)
+        if rack.colocated:
+            here = rack.colocated[q % len(rack.colocated)]
+            here.warm(job, (q // len(rack.colocated)) % here.ranks)
+            self.router.home(inst.key_base, rack, here, None)
+            return
         prefill = rack.prefills[q % len(rack.prefills)]
         prefill.cache.insert(job.path)
         decodes = rack.decodes or self.decodes
@@ -155,11 +162,8 @@ class Simulation:
     def _on_step(self, name: str, step: int, start: float, cost: StepBreakdown,
                  p_req: int, p_tok: int, d_req: int, d_tok: float, ctx: float,
                  loads: int) -> None:
-        bal = getattr(self._models[name], "last_balancedness", nan)
-        self.steps.append((name, step, start, cost.total_ms, p_req, p_tok, d_req, d_tok, ctx,
-                           loads, bal, cost.moe, cost.attention, cost.indexer, cost.dense,
-                           cost.comm, cost.draft, cost.cpu, cost.sync, cost.straggler,
-                           cost.kv_stall))
+        self.steps.append(step_row(name, step, start, cost, p_req, p_tok, d_req, d_tok, ctx,
+                                   loads, getattr(self._models[name], "last_balancedness", nan)))
 
     # -- running ---------------------------------------------------------------------------
     def run(self, progress: bool = True, max_warmup_s: float | None = None) -> SimOutput:
