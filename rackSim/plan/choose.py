@@ -31,11 +31,20 @@ def ranked(screened: pd.DataFrame) -> pd.DataFrame:
                             kind="stable")
 
 
-def to_confirm(screened: pd.DataFrame, k: int) -> pd.DataFrame:
+def to_confirm(screened: pd.DataFrame, k: int, every_kind: bool = True) -> pd.DataFrame:
     """The best candidate of each of the `k` best families (hardware x layout kind and
-    widths), so the simulation sees different ways to serve the demand."""
+    widths), so the simulation sees different ways to serve the demand; and (k > 0,
+    `every_kind`) the best
+    candidate of each layout kind those leave out (in the order of `ranked` within the kind:
+    the closest to the SLOs if none meets them), so "should we disaggregate at all?" is
+    answered by simulation too."""
     best = ranked(screened).drop_duplicates(["hardware", "family_key"])
-    return best.head(k)
+    picks = best.head(k)
+    if k <= 0 or not every_kind or "family" not in screened:
+        return picks
+    kinds = [g for kind, g in screened.groupby("family", sort=False)
+             if kind not in set(picks["family"])]
+    return pd.concat([picks, *(ranked(g).head(1) for g in kinds)])
 
 
 def screen_optimism(confirmed: pd.DataFrame) -> tuple[float, float]:
@@ -63,7 +72,7 @@ def next_round(screened: pd.DataFrame, confirmed: pd.DataFrame, plan: PlanSpec
                     & ~screened.index.isin(confirmed.index)]
     if slo.ttft_p50_s_max is not None:
         safe = safe[safe["ttft_p50_ms"] * f_ttft <= slo.ttft_p50_s_max * 1e3]
-    return to_confirm(safe[safe["feasible"]], plan.confirm.top_k)
+    return to_confirm(safe[safe["feasible"]], plan.confirm.top_k, every_kind=False)
 
 
 def chosen(candidates: pd.DataFrame, n: int) -> pd.DataFrame:

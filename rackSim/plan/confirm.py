@@ -28,6 +28,9 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from rackSim.config.specs import RunConfig
+from rackSim.plan.layout import RackLayout
+from rackSim.plan.screen import layout_deployment
 from rackSim.plan.spec import PlanSpec
 from rackSim.report.sweep_table import build_table
 
@@ -41,21 +44,22 @@ class ConfirmError(RuntimeError):
     """The confirmation sweep could not run at all (not: a candidate failed)."""
 
 
-def candidate_config(row: pd.Series, plan: PlanSpec) -> dict:
-    """The scenario changes that make the base scenario this candidate."""
+def candidate_config(row: pd.Series, plan: PlanSpec, cfg: RunConfig) -> dict:
+    """The scenario changes that make the base scenario `cfg` this candidate."""
     fleet = plan.confirm.fleet
     racks = int(row["racks"])
     if plan.demand.agents is not None:
         agents = plan.demand.agents if fleet else math.ceil(plan.demand.agents / racks)
     else:  # open-loop demand: the clients the screen predicted at that session rate
         agents = math.ceil(row["agents_per_rack"] * (racks if fleet else 1))
+    layout = RackLayout(row["family"], *(int(row[c]) for c in (
+        "prefill_instances", "prefill_gpus", "decode_instances", "decode_gpus",
+        "colocated_instances", "colocated_gpus")))
     deployment: dict = {
+        **layout_deployment(cfg, layout, plan.space),
         "name": f"{row['layout']} x{racks}" if fleet else f"{row['layout']} (1 of {racks})",
         "racks": racks if fleet else 1,
         "router": "session_affinity",
-        "prefill": {"instances": int(row["prefill_instances"]),
-                    "gpus_per_instance": int(row["prefill_gpus"])},
-        "decode": {"instances": int(row["decode_instances"]), "gpus": int(row["decode_gpus"])},
         "fleet_router": {"policy": "session_affinity"},
     }
     profile = plan.option(row["hardware"]).profile
@@ -68,16 +72,20 @@ def candidate_config(row: pd.Series, plan: PlanSpec) -> dict:
                                     "window_s": plan.confirm.window_s}}}
 
 
-def write_candidates(rows: pd.DataFrame, plan: PlanSpec, out_dir: Path) -> list[str]:
+def write_candidates(rows: pd.DataFrame, plan: PlanSpec, out_dir: Path, cfg: RunConfig
+                     ) -> list[str]:
     """Write each row's config file; returns their ids (`<hardware>_<layout>_r<racks>_<hash>`)."""
     group = out_dir / "candidates" / CANDIDATE_GROUP
     group.mkdir(parents=True, exist_ok=True)
     ids = []
     for _, row in rows.iterrows():
-        body = yaml.safe_dump(candidate_config(row, plan), sort_keys=False)
+        body = yaml.safe_dump(candidate_config(row, plan, cfg), sort_keys=False)
         digest = hashlib.sha1(body.encode()).hexdigest()[:8]
-        name = (f"{row['hardware']}_p{row['prefill_instances']}x{row['prefill_gpus']}"
-                f"_d{row['decode_instances']}x{row['decode_gpus']}_r{row['racks']}_{digest}")
+        layout = (f"c{row['colocated_instances']}x{row['colocated_gpus']}"
+                  if row["family"] == "colocated" else
+                  f"p{row['prefill_instances']}x{row['prefill_gpus']}"
+                  f"_d{row['decode_instances']}x{row['decode_gpus']}")
+        name = f"{row['hardware']}_{layout}_r{row['racks']}_{digest}"
         (group / f"{name}.yaml").write_text("# @package _global_\n" + body)
         ids.append(name)
     return ids

@@ -1,9 +1,10 @@
 """Candidate fleets: `racks` x one rack layout on one hardware option.
 
-A rack layout (family `disaggregated`) is `prefill_instances` x DEP`prefill_gpus` prefill +
-`decode_instances` x DEP`decode_gpus` decode inside one NVLink domain; every instance lives in
-one rack, so a fleet of identical racks with session affinity to a rack splits the demand
-evenly (each rack serves `agents / racks`).
+A rack layout of family `disaggregated` is `prefill_instances` x DEP`prefill_gpus` prefill +
+`decode_instances` x DEP`decode_gpus` decode inside one NVLink domain; of family `colocated`,
+`colocated_instances` x DEP`colocated_gpus` instances that prefill and decode alike. Every
+instance lives in one rack, so a fleet of identical racks with session affinity to a rack
+splits the demand evenly (each rack serves `agents / racks`).
 """
 
 from __future__ import annotations
@@ -21,20 +22,28 @@ class RackLayout:
     prefill_gpus: int
     decode_instances: int
     decode_gpus: int
+    colocated_instances: int = 0
+    colocated_gpus: int = 0
 
     @property
     def gpus(self) -> int:
         return (self.prefill_instances * self.prefill_gpus
-                + self.decode_instances * self.decode_gpus)
+                + self.decode_instances * self.decode_gpus
+                + self.colocated_instances * self.colocated_gpus)
 
     @property
     def name(self) -> str:
-        """e.g. `P8xDEP2+DEP32`, `P4xDEP2+2xDEP16` (the simulator's layout label)."""
+        """e.g. `P8xDEP2+DEP32`, `P4xDEP2+2xDEP16`, `C3xDEP16` (the simulator's layout
+        label)."""
+        if self.family == "colocated":
+            return f"C{self.colocated_instances}xDEP{self.colocated_gpus}"
         return f"P{self.prefill_instances}xDEP{self.prefill_gpus}+{self._decode_label}"
 
     @property
     def family_key(self) -> str:
         """The family a rejected layout is reported under: kind and instance widths."""
+        if self.family == "colocated":
+            return f"colocated: DEP{self.colocated_gpus} instances"
         return f"{self.family}: DEP{self.prefill_gpus} prefill + {self._decode_label} decode"
 
     @property
@@ -47,6 +56,12 @@ class RackLayout:
 def rack_layouts(space: Space, gpus_per_rack: int) -> Iterator[RackLayout]:
     """Every layout of `space` that fits a rack of `gpus_per_rack` GPUs."""
     for family in space.families:
+        if family == "colocated":
+            for cw in space.colocated_gpus:
+                for ci in range(1, min(space.colocated_instances_max,
+                                       gpus_per_rack // cw) + 1):
+                    yield RackLayout(family, 0, 0, 0, 0, ci, cw)
+            continue
         for dw in space.decode_gpus:
             for di in space.decode_instances:
                 left = gpus_per_rack - dw * di

@@ -41,8 +41,8 @@ from rackSim.config.specs import HardwareSpec, RunConfig
 from rackSim.plan.demand import DemandProfile
 from rackSim.plan.layout import RackLayout, rack_layouts
 from rackSim.plan.queueing import mg1_wait_s, occupancy_quantile, wait_quantile_s
-from rackSim.plan.spec import PlanSpec
-from rackSim.plan.speeds import DecodeSpeed, PrefillSpeed, decode_speed
+from rackSim.plan.spec import PlanSpec, Space
+from rackSim.plan.speeds import ColocatedSpeed, DecodeSpeed, PrefillSpeed, decode_speed
 
 BISECTION_STEPS = 48
 
@@ -56,17 +56,43 @@ class Rejected:
     reason: str
 
 
+def colocated_settings(cfg: RunConfig, space: Space) -> dict:
+    """The colocated instances' settings a candidate takes: the scenario's
+    `deployment.colocated`, or the decode instance's batch and speculative decoding with the
+    space's token budget."""
+    if cfg.deployment.colocated is not None:
+        return cfg.deployment.colocated.model_dump()
+    dec = cfg.deployment.decode
+    return {"instances": 0, "gpus": dec.gpus, "parallelism": "DEP",
+            "max_num_batched_tokens": space.colocated_budget_tokens,
+            "max_num_seqs_per_rank": dec.max_num_seqs_per_rank,
+            "speculative": dec.speculative.model_dump()}
+
+
+def layout_deployment(cfg: RunConfig, layout: RackLayout, space: Space) -> dict:
+    """The deployment changes that make `cfg` one rack of `layout`."""
+    if layout.family == "colocated":
+        col = dict(colocated_settings(cfg, space), instances=layout.colocated_instances,
+                   gpus=layout.colocated_gpus, parallelism="DEP")
+        return {"racks": 1, "prefill": {"instances": 0}, "decode": {"instances": 0},
+                "colocated": col}
+    dep: dict = {"racks": 1,
+                 "prefill": {"instances": layout.prefill_instances,
+                             "gpus_per_instance": layout.prefill_gpus},
+                 "decode": {"instances": layout.decode_instances, "gpus": layout.decode_gpus}}
+    if cfg.deployment.colocated is not None:  # a colocated base scenario: none here
+        dep["colocated"] = {"instances": 0}
+    return dep
+
+
 def layout_config(cfg: RunConfig, hw: HardwareSpec, layout: RackLayout,
-                  profile: Path | None = None) -> RunConfig:
+                  profile: Path | None = None, space: Space | None = None) -> RunConfig:
     """`cfg` as one rack of `layout` on hardware `hw` (priced by `profile` when given),
     validated by the scenario's rules (fits the rack and its NVLink domains, experts spread,
     KV room)."""
     perf = {"profile": str(profile)} if profile is not None else {}
-    return with_changes(cfg, hardware=hw.model_dump(), perf=perf, deployment={
-        "racks": 1,
-        "prefill": {"instances": layout.prefill_instances,
-                    "gpus_per_instance": layout.prefill_gpus},
-        "decode": {"instances": layout.decode_instances, "gpus": layout.decode_gpus}})
+    return with_changes(cfg, hardware=hw.model_dump(), perf=perf,
+                        deployment=layout_deployment(cfg, layout, space or Space()))
 
 
 class Screen:
@@ -78,22 +104,44 @@ class Screen:
         self.rejected: list[Rejected] = []
         self._decode: dict[tuple[str, int], DecodeSpeed] = {}
         self._prefill: dict[tuple[str, int], PrefillSpeed] = {}
+        self._colocated: dict[tuple[str, int], ColocatedSpeed] = {}
+
+    def _config(self, option: str, layout: RackLayout) -> RunConfig | None:
+        """One rack of `layout` on `option`, or None (recorded as rejected) if it breaks the
+        scenario's rules."""
+        try:
+            return layout_config(self.cfg, self.hardware[option], layout,
+                                 self.plan.option(option).profile, self.plan.space)
+        except ValidationError as err:
+            reason = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
+            self.rejected.append(Rejected(option, layout.family_key, reason))
+            return None
 
     def _speeds(self, option: str, layout: RackLayout
                 ) -> tuple[DecodeSpeed, PrefillSpeed] | None:
         dk, pk = (option, layout.decode_gpus), (option, layout.prefill_gpus)
-        try:
-            cfg = layout_config(self.cfg, self.hardware[option], layout,
-                                self.plan.option(option).profile)
-        except ValidationError as err:
-            reason = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
-            self.rejected.append(Rejected(option, layout.family_key, reason))
+        cfg = self._config(option, layout)
+        if cfg is None:
             return None
         if dk not in self._decode:
             self._decode[dk] = decode_speed(cfg, self.demand.decode_context_mean)
         if pk not in self._prefill:
             self._prefill[pk] = PrefillSpeed(cfg)
         return self._decode[dk], self._prefill[pk]
+
+    def _colocated_speed(self, option: str, layout: RackLayout) -> ColocatedSpeed | None:
+        key = (option, layout.colocated_gpus)
+        if key not in self._colocated:
+            cfg = self._config(option, layout)
+            if cfg is None:
+                return None
+            self._colocated[key] = ColocatedSpeed(cfg, self.demand.decode_context_mean,
+                                                  self.demand.decode_steps_mean)
+        return self._colocated[key]
+
+    def _serving(self, hardware: str, family: str, width: int) -> DecodeSpeed | ColocatedSpeed:
+        """The speed of the instances that decode in a candidate."""
+        return (self._colocated if family == "colocated" else self._decode)[(hardware, width)]
 
     def candidates(self) -> pd.DataFrame:
         """One row per candidate (hardware x racks x layout) with its per-rack inputs."""
@@ -103,29 +151,24 @@ class Screen:
             hw = self.hardware[opt.name]
             price = opt.usd_per_gpu_hour(hw)
             for lay in rack_layouts(pl.space, hw.gpus_per_rack):
+                if lay.family == "colocated":
+                    col = self._colocated_speed(opt.name, lay)
+                    if col is not None:
+                        rows.extend(self._colocated_rows(opt.name, hw, price, lay, col))
+                    continue
                 speeds = self._speeds(opt.name, lay)
                 if speeds is None:
                     continue
                 dec, pre = speeds
                 for racks in range(1, pl.limits.max_racks + 1):
-                    if pl.demand.agents is not None:
-                        agents, sessions_s = pl.demand.agents / racks, math.nan
-                    else:  # agents at nominal latencies, only to size the cache per agent
-                        sessions_s = pl.demand.sessions_per_hour / 3600.0 / racks
-                        agents = sessions_s * d.session_s(1.0, 0.005)
+                    agents, sessions_s = self._agents(racks)
                     cache = lay.prefill_instances * pre.cache_tokens / max(agents, 1e-9)
                     u_mean, u_sq, u90 = d.uncached(cache)
                     mu, _ = pre.rate(d.prompt_mean, u_mean)
                     rows.append({
-                        "hardware": opt.name, "family": lay.family,
-                        "family_key": lay.family_key, "layout": lay.name, "racks": racks,
-                        "prefill_instances": lay.prefill_instances,
-                        "prefill_gpus": lay.prefill_gpus,
-                        "decode_instances": lay.decode_instances,
-                        "decode_gpus": lay.decode_gpus, "gpus_per_rack_used": lay.gpus,
-                        "gpus": racks * lay.gpus, "gpus_bought": racks * hw.gpus_per_rack,
-                        "price_usd_gpu_h": price, "agents_per_rack_in": agents,
-                        "sessions_s_per_rack_in": sessions_s, "uncached_mean": u_mean,
+                        **self._common(opt.name, hw, price, lay, racks, agents, sessions_s),
+                        "serving_instances": lay.decode_instances, "serving_gpus": lay.decode_gpus,
+                        "uncached_mean": u_mean,
                         "uncached_sq_mean": u_sq, "uncached_p90": u90, "prefill_mu_tok_s": mu,
                         "own_mean_s": pre.own_ms(d.prompt_mean, u_mean) / 1e3,
                         "own_p90_s": pre.own_ms(d.prompt_mean, u90) / 1e3,
@@ -135,28 +178,103 @@ class Screen:
                     })
         return pd.DataFrame(rows)
 
-    def _step_ms(self, df: pd.DataFrame, per_rank: np.ndarray) -> np.ndarray:
-        out = np.empty(len(df))
-        for (hw, dw), idx in df.groupby(["hardware", "decode_gpus"]).indices.items():
-            out[idx] = self._decode[(hw, dw)].step_at(per_rank[idx])
+    def _agents(self, racks: int) -> tuple[float, float]:
+        """(agents, sessions/s) one of `racks` racks serves; open loop: agents at nominal
+        latencies, only to size the cache per agent."""
+        pl, d = self.plan, self.demand
+        if pl.demand.agents is not None:
+            return pl.demand.agents / racks, math.nan
+        sessions_s = pl.demand.sessions_per_hour / 3600.0 / racks
+        return sessions_s * d.session_s(1.0, 0.005), sessions_s
+
+    @staticmethod
+    def _common(option: str, hw: HardwareSpec, price: float, lay: RackLayout, racks: int,
+                agents: float, sessions_s: float) -> dict:
+        return {"hardware": option, "family": lay.family, "family_key": lay.family_key,
+                "layout": lay.name, "racks": racks, "prefill_instances": lay.prefill_instances,
+                "prefill_gpus": lay.prefill_gpus, "decode_instances": lay.decode_instances,
+                "decode_gpus": lay.decode_gpus, "colocated_instances": lay.colocated_instances,
+                "colocated_gpus": lay.colocated_gpus, "gpus_per_rack_used": lay.gpus,
+                "gpus": racks * lay.gpus, "gpus_bought": racks * hw.gpus_per_rack,
+                "price_usd_gpu_h": price, "agents_per_rack_in": agents,
+                "sessions_s_per_rack_in": sessions_s}
+
+    def _colocated_rows(self, option: str, hw: HardwareSpec, price: float, lay: RackLayout,
+                        col: ColocatedSpeed) -> list[dict]:
+        """Candidate rows of a colocated layout: its instances are both the prefill and the
+        decode side (own prompt, wait and push are priced at the operating point)."""
+        d, rows = self.demand, []
+        for racks in range(1, self.plan.limits.max_racks + 1):
+            agents, sessions_s = self._agents(racks)
+            u_mean, u_sq, u90 = d.uncached(lay.colocated_instances * col.cache_tokens
+                                           / max(agents, 1e-9))
+            col.table(d.prompt_mean, u_mean)
+            rows.append({
+                **self._common(option, hw, price, lay, racks, agents, sessions_s),
+                "serving_instances": lay.colocated_instances,
+                "serving_gpus": lay.colocated_gpus, "uncached_mean": u_mean,
+                "uncached_sq_mean": u_sq, "uncached_p90": u90, "prefill_mu_tok_s": math.nan,
+                "own_mean_s": math.nan, "own_p90_s": math.nan, "push_mean_s": 0.0,
+                "push_p90_s": 0.0, "decode_max_per_rank": col.max_per_rank})
+        return rows
+
+    def _colocated_groups(self, df: pd.DataFrame):
+        """(row indices, speed, table) of the colocated candidates, by speed and load."""
+        col = df[df["family"] == "colocated"]
+        for (hw, w, u), idx in col.groupby(["hardware", "serving_gpus",
+                                            "uncached_mean"]).indices.items():
+            speed = self._colocated[(hw, w)]
+            yield col.index[idx], speed, speed.table(self.demand.prompt_mean, u)
+
+    def _step_ms(self, df: pd.DataFrame, per_rank: np.ndarray, busy: bool = False
+                 ) -> np.ndarray:
+        """Step time (ms) of every candidate's decoding instances at `per_rank` requests per
+        rank; colocated: the mean step, or with `busy` a step carrying a full prefill chunk."""
+        out = np.full(len(df), np.nan)
+        dis = df[df["family"] != "colocated"]
+        for (hw, dw), idx in dis.groupby(["hardware", "decode_gpus"]).indices.items():
+            rows = df.index.get_indexer(dis.index[idx])
+            out[rows] = self._decode[(hw, dw)].step_at(per_rank[rows])
+        for index, _, table in self._colocated_groups(df):
+            rows = df.index.get_indexer(index)
+            out[rows] = (table.busy_at if busy else table.step_at)(per_rank[rows])
         return out
 
     def _point(self, df: pd.DataFrame, n: np.ndarray) -> dict[str, np.ndarray]:
-        """Rates and mean latencies of every candidate at decode occupancy `n` per rank."""
+        """Rates and mean latencies of every candidate at decode occupancy `n` per rank.
+
+        Disaggregated: an M/G/1 queue per prefill instance at its full-budget rate, then the
+        request's own chunks, the KV push and 1.5 decode steps (the one in progress and the
+        first). Colocated: an M/G/1 queue per DP rank served at `free(n)` tokens per busy
+        step, then the request's own busy steps and half a step (the one in progress)."""
         d = self.demand
+        colocated = (df["family"] == "colocated").to_numpy()
         ranks = df["decode_ranks"].to_numpy()
         t_ms = self._step_ms(df, n)
-        lam = df["decode_instances"].to_numpy() * n * ranks / (d.decode_steps_mean * t_ms / 1e3)
-        lam_p = lam / df["prefill_instances"].to_numpy()
-        mu = df["prefill_mu_tok_s"].to_numpy()
-        rho, wait = mg1_wait_s(lam_p, df["uncached_mean"].to_numpy() / mu,
-                               df["uncached_sq_mean"].to_numpy() / mu ** 2)
-        ttft = (wait + df["own_mean_s"].to_numpy() + df["push_mean_s"].to_numpy()
-                + 1.5 * t_ms / 1e3)
+        lam = df["serving_instances"].to_numpy() * n * ranks / (d.decode_steps_mean * t_ms
+                                                                 / 1e3)
+        u, u2 = df["uncached_mean"].to_numpy(), df["uncached_sq_mean"].to_numpy()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lam_p = np.where(colocated, lam / (df["serving_instances"].to_numpy() * ranks),
+                             lam / df["prefill_instances"].to_numpy())
+            busy_ms = self._step_ms(df, n, busy=True)
+            free = df["free_budget"].to_numpy() - n * df["tokens_per_request"].to_numpy()
+            mu = np.where(colocated, np.maximum(free, 0.0) / busy_ms * 1e3,
+                          df["prefill_mu_tok_s"].to_numpy())
+            rho, wait = mg1_wait_s(lam_p, u / mu, u2 / mu ** 2)
+            own_steps = np.ceil(np.maximum(u, 1.0) / np.maximum(free, 1.0))
+            own90_steps = np.ceil(np.maximum(df["uncached_p90"].to_numpy(), 1.0)
+                                  / np.maximum(free, 1.0))
+        own = np.where(colocated, own_steps * busy_ms / 1e3, df["own_mean_s"].to_numpy())
+        own90 = np.where(colocated, own90_steps * busy_ms / 1e3, df["own_p90_s"].to_numpy())
+        lead = np.where(colocated, 0.5, 1.5) * t_ms / 1e3
+        push, push90 = df["push_mean_s"].to_numpy(), df["push_p90_s"].to_numpy()
+        ttft = wait + own + push + lead
         tpot = t_ms / df["accepted"].to_numpy() / 1e3
         lam_s = lam / d.requests_per_session
         return {"t_ms": t_ms, "lam": lam, "rho": rho, "wait": wait, "ttft": ttft,
-                "tpot": tpot, "lam_s": lam_s,
+                "tpot": tpot, "lam_s": lam_s, "own": own, "own90": own90, "push": push,
+                "push90": push90, "lead": lead,
                 "session_s": d.session_d0_s + d.session_n_ttft * ttft + d.session_n_tpot * tpot}
 
     def _excess(self, df: pd.DataFrame, p: dict[str, np.ndarray]) -> np.ndarray:
@@ -168,10 +286,12 @@ class Screen:
     def evaluate(self, df: pd.DataFrame) -> pd.DataFrame:
         """Solve every candidate's operating point; add predictions, costs and SLO checks."""
         df = df.copy()
-        speeds = [self._decode[(h, w)]
-                  for h, w in zip(df["hardware"], df["decode_gpus"], strict=True)]
+        speeds = [self._serving(h, f, w) for h, f, w in
+                  zip(df["hardware"], df["family"], df["serving_gpus"], strict=True)]
         df["decode_ranks"] = [s.ranks for s in speeds]
         df["accepted"] = [s.accepted for s in speeds]
+        df["free_budget"] = [getattr(s, "budget", math.nan) for s in speeds]
+        df["tokens_per_request"] = [1 + s.draft_tokens for s in speeds]
         lo, hi = np.zeros(len(df)), df["decode_max_per_rank"].to_numpy().astype(float)
         top = self._point(df, hi)
         saturated = np.nan_to_num(self._excess(df, top), nan=np.inf, posinf=np.inf) < 0
@@ -195,10 +315,16 @@ class Screen:
         rho, wait = p["rho"], p["wait"]
         w90, w50 = wait_quantile_s(wait, rho, 0.9), wait_quantile_s(wait, rho, 0.5)
         occupancy = n * df["decode_ranks"].to_numpy()
-        n90 = np.minimum(occupancy_quantile(occupancy, 0.9) / df["decode_ranks"].to_numpy(),
-                         df["decode_max_per_rank"].to_numpy())
-        t90 = self._step_ms(df, np.maximum(n90, n))
-        half_step = 1.5 * p["t_ms"] / 1e3
+        n90 = np.maximum(np.minimum(occupancy_quantile(occupancy, 0.9)
+                                    / df["decode_ranks"].to_numpy(),
+                                    df["decode_max_per_rank"].to_numpy()), n)
+        t90 = self._step_ms(df, n90)
+        # colocated: when more than a tenth of the steps carry prefill, the P90 gap is a busy
+        # step's
+        for index, _, table in self._colocated_groups(df):
+            rows = df.index.get_indexer(index)
+            busy = table.share_at(n[rows]) > 0.1
+            t90[rows] = np.where(busy, table.busy_at(n90[rows]), t90[rows])
         out = df.copy()
         lam = p["lam"]
         gpus_rack = df["gpus_per_rack_used"].to_numpy()
@@ -215,10 +341,8 @@ class Screen:
         out["uncached_input_tok_s_gpu"] = uncached
         out["output_tok_s_gpu"] = output
         out["interactivity_tok_s"] = df["accepted"].to_numpy() / t90 * 1e3
-        out["ttft_p50_ms"] = (w50 + df["own_mean_s"] + df["push_mean_s"] + half_step
-                              + extra) * 1e3
-        out["ttft_p90_ms"] = (w90 + df["own_p90_s"] + df["push_p90_s"] + half_step
-                              + extra) * 1e3
+        out["ttft_p50_ms"] = (w50 + p["own"] + p["push"] + p["lead"] + extra) * 1e3
+        out["ttft_p90_ms"] = (w90 + p["own90"] + p["push90"] + p["lead"] + extra) * 1e3
         out["revenue_usd_gpu_h"] = (cached * pr.cached_input_usd_per_mtok
                                     + uncached * pr.uncached_input_usd_per_mtok
                                     + output * pr.output_usd_per_mtok) * 3600 / 1e6
@@ -239,7 +363,8 @@ class Screen:
         out["meets_slo"] = out["headroom_min"] >= 0
         out["feasible"] = out["meets_slo"] & out["within_budget"]
         out["verdict"] = [verdict(r, self.plan) for r in out.itertuples()]
-        return out.drop(columns=["decode_ranks", "accepted"])
+        return out.drop(columns=["decode_ranks", "accepted", "free_budget",
+                                 "tokens_per_request"])
 
     def run(self) -> pd.DataFrame:
         """Enumerate and price every candidate."""

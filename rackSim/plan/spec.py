@@ -25,9 +25,9 @@ from rackSim.config.specs import HardwareSpec
 HOURS_PER_YEAR = 8760.0
 
 #: Layout kinds the planner searches. `disaggregated`: prefill instances + decode instances in
-#: one NVLink domain. A colocated kind (instances doing both, chunked prefill in decode steps)
-#: joins here once the engine serves it.
-Family = Literal["disaggregated"]
+#: one NVLink domain. `colocated`: instances that prefill and decode alike (chunked prefill in
+#: decode steps, vLLM's default), so a plan answers "should we disaggregate at all?".
+Family = Literal["disaggregated", "colocated"]
 
 
 class PlanModel(BaseModel):
@@ -126,16 +126,25 @@ class Limits(PlanModel):
 
 
 class Space(PlanModel):
-    """The layouts searched, per rack: `prefill_instances` x DEP`prefill_gpus_per_instance`
-    prefill + `decode_instances` x DEP`decode_gpus` decode, for every combination that fits
-    the rack's NVLink domain."""
+    """The layouts searched, per rack. disaggregated: `prefill_instances` x
+    DEP`prefill_gpus_per_instance` prefill + `decode_instances` x DEP`decode_gpus` decode;
+    colocated: n x DEP`colocated_gpus` instances; every combination that fits the rack's
+    NVLink domain. The colocated instances take the scenario's `deployment.colocated` settings
+    (token budget, max_num_seqs_per_rank, speculative decoding) or, without one, the decode
+    instance's batch and speculative settings with `colocated_budget_tokens`."""
 
-    families: list[Family] = ["disaggregated"]
+    families: list[Family] = ["disaggregated", "colocated"]
     prefill_gpus_per_instance: list[PositiveInt] = [2]
     prefill_instances_max: PositiveInt = Field(default=32, description=(
         "every prefill instance count from 1 to this (as far as the rack allows)"))
     decode_gpus: list[PositiveInt] = [8, 16, 32]
     decode_instances: list[PositiveInt] = [1]
+    colocated_gpus: list[PositiveInt] = [8, 16, 32]
+    colocated_instances_max: PositiveInt = Field(default=9, description=(
+        "every colocated instance count from 1 to this (as far as the rack allows)"))
+    colocated_budget_tokens: PositiveInt = Field(default=8192, description=(
+        "token budget per rank per step of a colocated instance, when the scenario has no "
+        "deployment.colocated"))
 
 
 class Confirm(PlanModel):

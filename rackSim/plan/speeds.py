@@ -9,6 +9,8 @@
 * `PrefillSpeed`: a DEPn prefill instance's full-budget chunked step for a given mix of
   cached / uncached tokens per request (the engine's scheduling: `max_num_batched_tokens` per
   rank per step, requests back to back) and the time of one request's own chunks.
+* `ColocatedSpeed`: a colocated instance's mean and busy step over decode requests per rank,
+  with the prefill its decoding requests brought mixed into the steps (`ColocatedTable`).
 
 Step models come from `rackSim.perf.build_step_model`, so the screen prices with the same
 (calibrated or roofline) model the engine simulates with.
@@ -133,3 +135,108 @@ class PrefillSpeed:
         """KV of a `prompt`-token request pushed to decode over NVLink (ms)."""
         return push_transfer_ms(prompt * self._kv_bytes_per_token, self._push_bytes_s,
                                 self._push_latency_ms)
+
+
+@dataclass(frozen=True)
+class ColocatedTable:
+    """A colocated instance's steps at one prefill load: `mean_ms[i]` the mean step and
+    `busy_ms[i]` a step whose busiest rank computes a full chunk, at `per_rank[i]` decode
+    requests per rank; `busy_share[i]` the share of steps that carry prefill."""
+
+    per_rank: np.ndarray
+    mean_ms: np.ndarray
+    busy_ms: np.ndarray
+    busy_share: np.ndarray
+
+    def step_at(self, per_rank: np.ndarray | float) -> np.ndarray:
+        return np.interp(per_rank, self.per_rank, self.mean_ms)
+
+    def busy_at(self, per_rank: np.ndarray | float) -> np.ndarray:
+        return np.interp(per_rank, self.per_rank, self.busy_ms)
+
+    def share_at(self, per_rank: np.ndarray | float) -> np.ndarray:
+        return np.interp(per_rank, self.per_rank, self.busy_share)
+
+
+class ColocatedSpeed:
+    """A colocated instance of `cfg` (`deployment.colocated`), each decoding request holding
+    `context_tokens` and staying `decode_steps` steps.
+
+    At n decoding requests per rank, prefill arrives at p = n E[u] / decode_steps tokens per
+    rank per step (each request brings E[u] uncached tokens once). A rank computes prompts in
+    chunks of at most `free(n) = budget - n (1 + draft tokens)` tokens, so a rank with prefill
+    work puts a chunk of c = min(E[u], free) into a step and a share s = p / c of its steps
+    carry one; a step carries prefill when any rank's does (1 - (1 - s)^ranks), and then its
+    busiest rank's chunk sets the per-rank parts (`StepModel.mixed_step`)."""
+
+    def __init__(self, cfg: RunConfig, context_tokens: float, decode_steps: float):
+        d, m, hw = cfg.deployment, cfg.model, cfg.hardware
+        col = d.colocated
+        self.gpus = col.gpus
+        self.ranks = col.gpus if col.parallelism == "DEP" else 1
+        spec = col.speculative
+        self.accepted, self.draft_tokens = spec.accepted_tokens_per_step, spec.num_draft_tokens
+        self.budget = col.max_num_batched_tokens
+        self.model: StepModel = build_step_model(cfg, "colocated", seed=cfg.seed)
+        host = hw.host_mem_bytes_per_gpu if d.cache.host_offload else 0.0
+        kv = kv_bytes_per_gpu(cfg, col.gpus)
+        #: prefix-cache capacity of one instance over its ranks, HBM + host tier (tokens)
+        self.cache_tokens = (kv + host) * col.gpus / m.kv_bytes_per_token
+        kv_rank = kv * (col.gpus / self.ranks) / m.kv_bytes_per_token
+        q = 1 + self.draft_tokens
+        #: decoding requests per rank at most: a slot stays for the prompt being computed, the
+        #: KV holds every context, the budget leaves room for prefill
+        self.max_per_rank = float(min(col.max_num_seqs_per_rank - 1, kv_rank / context_tokens,
+                                      (self.budget - 1) / q))
+        self.context, self.decode_steps = context_tokens, decode_steps
+        self._tables: dict[tuple[int, int], ColocatedTable] = {}
+
+    def free(self, per_rank: np.ndarray | float) -> np.ndarray:
+        """Prefill tokens a rank's step has room for beside its decode tokens."""
+        return self.budget - np.asarray(per_rank) * (1 + self.draft_tokens)
+
+    def _step_ms(self, n: float, tokens: float, busiest: float, requests: int, prompt: float,
+                 uncached: float, step: int) -> float:
+        cached = max(prompt - uncached, 0.0)
+        prefill = PrefillBatch(new_tokens=int(tokens), attended_tokens=int(tokens + requests
+                                                                           * cached),
+                               num_requests=requests,
+                               admitted_prompt_tokens=int(requests * prompt
+                                                          * min(busiest / uncached, 1.0)),
+                               ranks=self.ranks, busiest_rank_tokens=int(busiest))
+        k = int(round(n))
+        decode = DecodeBatch([k] * self.ranks, [k * self.context] * self.ranks, self.accepted,
+                             self.draft_tokens, 0, 0, step)
+        return self.model.mixed_step(prefill, decode).total_ms
+
+    def table(self, prompt: float, uncached: float) -> ColocatedTable:
+        """The steps at requests of `prompt` tokens of which `uncached` are computed."""
+        key = (round(prompt, -2), round(max(uncached, 1.0), -1))
+        got = self._tables.get(key)
+        if got is not None:
+            return got
+        u = max(uncached, 1.0)
+        top = max(int(self.max_per_rank), 1)
+        grid = np.unique(np.concatenate([np.arange(min(GRID_DENSE, top) + 1),
+                                         np.arange(GRID_DENSE, top, GRID_STRIDE), [top]]))
+        mean, busy, share = (np.zeros(len(grid)) for _ in range(3))
+        step = 0
+        for j, n in enumerate(grid.astype(float)):
+            chunk = float(min(u, self.free(n)))
+            s = min(n * u / self.decode_steps / chunk, 1.0)
+            any_busy = 1.0 - (1.0 - s) ** self.ranks
+            tokens = max(self.ranks * s * chunk / any_busy, chunk) if any_busy > 0 else 0.0
+            requests = max(1, round(tokens / chunk)) if tokens else 0
+            b = i = 0.0
+            for _ in range(DECODE_TABLE_PASSES):
+                step += STEP_INDEX_STRIDE
+                b += self._step_ms(n, tokens or chunk, chunk, max(requests, 1), prompt, u, step)
+                i += self._step_ms(n, 0, 0, 0, prompt, u, step)
+            b, i = b / DECODE_TABLE_PASSES, i / DECODE_TABLE_PASSES
+            mean[j], busy[j], share[j] = any_busy * b + (1 - any_busy) * i, b, any_busy
+        got = self._tables[key] = ColocatedTable(grid.astype(float), mean, busy, share)
+        return got
+
+    def own_steps(self, per_rank: np.ndarray, uncached: np.ndarray) -> np.ndarray:
+        """Steps a prompt of `uncached` tokens takes on its rank: ceil(u / free)."""
+        return np.ceil(np.maximum(uncached, 1.0) / np.maximum(self.free(per_rank), 1.0))

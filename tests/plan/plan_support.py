@@ -13,11 +13,12 @@ from rackSim.config import SCENARIOS_DIR
 from rackSim.plan.inputs import PlanInputs, load_plan_inputs
 
 #: A small question on the smoke scenario (24 sessions): 40 agents on GB300, racks of up to
-#: 3 x DEP2 prefill + DEP4 / DEP8 decode.
+#: 3 x DEP2 prefill + DEP4 / DEP8 decode, or 1-2 colocated DEP4 / DEP8 instances.
 SMALL = ["experiment=smoke", "plan=agentx_reference", "plan.demand.agents=40",
          "plan.hardware=[{name: gb300_nvl72, rental_usd_per_gpu_hour: 5.0}]",
          "plan.limits.max_racks=2", "plan.space.prefill_gpus_per_instance=[2]",
          "plan.space.prefill_instances_max=3", "plan.space.decode_gpus=[4,8]",
+         "plan.space.colocated_gpus=[4,8]", "plan.space.colocated_instances_max=2",
          "plan.confirm.window_s=15", "plan.confirm.top_k=2"]
 
 

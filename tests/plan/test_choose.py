@@ -24,6 +24,11 @@ def test_cheapest_first_then_fewest_gpus_then_headroom():
          "feasible": False},
     ])
     assert to_confirm(df, 2).index.tolist() == [2, 1]
+    # a layout kind the best families leave out is simulated too: its best candidate
+    kinds = df.assign(family=["disaggregated", "disaggregated", "disaggregated",
+                              "colocated"])
+    assert to_confirm(kinds, 2).index.tolist() == [2, 1, 3]
+    assert to_confirm(kinds, 0).empty
     # simulated within the SLOs beats the screen's order; simulated and missing goes last
     df["des_meets_slo"] = [True, None, False, None]
     assert chosen(df, 3).index.tolist() == [0, 1, 2]

@@ -41,7 +41,15 @@ def test_small_plan_is_confirmed_by_the_simulation(small_inputs, tmp_path):
         assert sim["deployment"]["fleet_router"]["policy"] == "session_affinity"
         assert sim["workload"]["replay"]["concurrency"] == 40
         assert sim["deployment"]["prefill"]["instances"] == row["prefill_instances"]
-        assert sim["deployment"]["decode"]["gpus"] == row["decode_gpus"]
+        if row["family"] == "colocated":  # no prefill or decode instance beside them
+            col = sim["deployment"]["colocated"]
+            assert (col["instances"], col["gpus"]) == (row["colocated_instances"],
+                                                       row["colocated_gpus"])
+            assert sim["deployment"]["decode"]["instances"] == 0
+        else:
+            assert sim["deployment"]["decode"]["gpus"] == row["decode_gpus"]
+    # both families were confirmed: the plan answers "should we disaggregate at all?"
+    assert set(conf["family"]) == {"disaggregated", "colocated"}
 
     page = write_plan(result, small_inputs, tmp_path).read_text()
     assert "whole fleet" in page and "confirmed" in page
@@ -57,14 +65,15 @@ def test_small_plan_is_confirmed_by_the_simulation(small_inputs, tmp_path):
 
 
 def test_one_rack_stands_for_a_fleet_at_its_share(small_inputs):
-    row = pd.Series({"racks": 3, "layout": "P2xDEP2+DEP4", "prefill_instances": 2,
-                     "prefill_gpus": 2, "decode_instances": 1, "decode_gpus": 4,
+    row = pd.Series({"racks": 3, "layout": "P2xDEP2+DEP4", "family": "disaggregated",
+                     "prefill_instances": 2, "prefill_gpus": 2, "decode_instances": 1,
+                     "decode_gpus": 4, "colocated_instances": 0, "colocated_gpus": 0,
                      "hardware": "gb300_nvl72", "agents_per_rack": 40 / 3})
     one = small_inputs.plan.model_copy(update={"confirm": small_inputs.plan.confirm.model_copy(
         update={"fleet": False})})
-    c = candidate_config(row, one)
+    c = candidate_config(row, one, small_inputs.scenario)
     assert c["deployment"]["racks"] == 1 and c["workload"]["replay"]["concurrency"] == 14
-    whole = candidate_config(row, small_inputs.plan)
+    whole = candidate_config(row, small_inputs.plan, small_inputs.scenario)
     assert whole["deployment"]["racks"] == 3 and whole["workload"]["replay"]["concurrency"] == 40
     assert whole["defaults"] == [{"override /hardware": "gb300_nvl72"}]
     assert whole["workload"]["replay"]["window_s"] == small_inputs.plan.confirm.window_s

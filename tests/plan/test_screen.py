@@ -86,10 +86,17 @@ def test_demand_profile_by_hand():
 
 
 def test_rack_layouts_by_hand():
-    space = Space(prefill_gpus_per_instance=[2], prefill_instances_max=4, decode_gpus=[4, 8])
+    space = Space(families=["disaggregated"], prefill_gpus_per_instance=[2],
+                  prefill_instances_max=4, decode_gpus=[4, 8])
     # an 8-GPU node: DEP4 decode leaves 4 GPUs = 1 or 2 DEP2 prefills; DEP8 leaves none
     assert [lay.name for lay in rack_layouts(space, 8)] == ["P1xDEP2+DEP4", "P2xDEP2+DEP4"]
     assert len(list(rack_layouts(space, 72))) == 4 + 4  # capped at 4 instances each
+    colocated = Space(families=["colocated"], colocated_gpus=[4, 8], colocated_instances_max=4)
+    # an 8-GPU node holds one or two DEP4 instances, or one DEP8
+    assert [lay.name for lay in rack_layouts(colocated, 8)] == ["C1xDEP4", "C2xDEP4",
+                                                               "C1xDEP8"]
+    assert all(lay.gpus == lay.colocated_instances * lay.colocated_gpus
+               for lay in rack_layouts(colocated, 72))
 
 
 @pytest.fixture(scope="module")
@@ -103,24 +110,39 @@ def screened(small_inputs) -> tuple[pd.DataFrame, Screen]:
 
 def hand_point(r: pd.Series, screen: Screen) -> tuple[float, float, float]:
     """(requests/s, mean TTFT s, TPOT s) of a screened row, recomputed by hand from its
-    columns: M/G/1 wait per prefill instance + own chunks + KV push + 1.5 decode steps."""
+    columns. Disaggregated: M/G/1 wait per prefill instance + own chunks + KV push + 1.5
+    decode steps. Colocated: M/G/1 wait per DP rank served at the budget its decode leaves
+    per busy step + ceil(u / free) busy steps + half a step."""
     d = screen.demand
     lam = r["output_tok_s_gpu"] * r["gpus_per_rack_used"] / d.output_mean
-    speed = screen._decode[(r["hardware"], r["decode_gpus"])]
-    t_ms = speed.step_at(r["decode_per_rank"])
-    lam_p, mu = lam / r["prefill_instances"], r["prefill_mu_tok_s"]
+    n = r["decode_per_rank"]
+    if r["family"] == "colocated":
+        speed = screen._colocated[(r["hardware"], r["colocated_gpus"])]
+        table = speed.table(d.prompt_mean, r["uncached_mean"])
+        t_ms, busy = table.step_at(n), table.busy_at(n)
+        free = speed.budget - n * (1 + speed.draft_tokens)
+        lam_p, mu = lam / (r["colocated_instances"] * speed.ranks), free / busy * 1e3
+        own = math.ceil(r["uncached_mean"] / free) * busy / 1e3
+        lead = 0.5 * t_ms / 1e3
+    else:
+        speed = screen._decode[(r["hardware"], r["decode_gpus"])]
+        t_ms = speed.step_at(n)
+        lam_p, mu = lam / r["prefill_instances"], r["prefill_mu_tok_s"]
+        own = r["own_mean_s"] + r["push_mean_s"]
+        lead = 1.5 * t_ms / 1e3
     rho = lam_p * r["uncached_mean"] / mu
     wait = lam_p * r["uncached_sq_mean"] / mu ** 2 / (2 * (1 - rho))
-    ttft = wait + r["own_mean_s"] + r["push_mean_s"] + 1.5 * t_ms / 1e3
-    return lam, ttft, t_ms / speed.accepted / 1e3
+    return lam, wait + own + lead, t_ms / speed.accepted / 1e3
 
 
 def test_every_candidate_sits_where_its_formulas_balance(screened):
     df, screen = screened
     d = screen.demand
-    # 2 rack counts x DEP4 / DEP8 decode x 1 / 2 decode instances x 1-3 DEP2 prefills
-    assert len(df) == 2 * 2 * 2 * 3
-    for _, r in df.iterrows():
+    # 2 rack counts x DEP4 / DEP8 decode x 1 / 2 decode instances x 1-3 DEP2 prefills, and
+    # 2 rack counts x DEP4 / DEP8 colocated x 1 / 2 instances
+    assert len(df) == 2 * 2 * 2 * 3 + 2 * 2 * 2
+    assert (df["family"] == "colocated").sum() == 8
+    for _, r in df[df["family"] == "disaggregated"].iterrows():
         lam = r["output_tok_s_gpu"] * r["gpus_per_rack_used"] / d.output_mean  # requests/s
         speed = screen._decode[(r["hardware"], r["decode_gpus"])]
         t_ms = speed.step_at(r["decode_per_rank"])
@@ -141,6 +163,40 @@ def test_every_candidate_sits_where_its_formulas_balance(screened):
         assert r["interactivity_tok_s"] == pytest.approx(
             3.25 / speed.step_at(max(n90 / speed.ranks, r["decode_per_rank"])) * 1e3, rel=1e-9)
         assert r["fleet_usd_h"] == pytest.approx(r["racks"] * 72 * 5.0)
+
+
+def test_colocated_candidates_sit_where_their_formulas_balance(screened):
+    """Little at the colocated instance, its prefill load against the room its decode leaves,
+    the closed loop over the agents, and P90 interactivity at a busy step when more than a
+    tenth of the steps carry prefill."""
+    df, screen = screened
+    d = screen.demand
+    col = df[df["family"] == "colocated"]
+    assert set(col["layout"]) == {"C1xDEP4", "C2xDEP4", "C1xDEP8", "C2xDEP8"}
+    for _, r in col.iterrows():
+        speed = screen._colocated[(r["hardware"], r["colocated_gpus"])]
+        table = speed.table(d.prompt_mean, r["uncached_mean"])
+        n = r["decode_per_rank"]
+        lam = r["output_tok_s_gpu"] * r["gpus_per_rack_used"] / d.output_mean
+        t_ms = table.step_at(n)
+        assert r["decode_step_ms"] == pytest.approx(t_ms, rel=1e-12)
+        assert n * speed.ranks == pytest.approx(
+            lam / r["colocated_instances"] * d.decode_steps_mean * t_ms / 1e3, rel=1e-9)
+        free = speed.budget - n * (1 + speed.draft_tokens)
+        rho = lam / (r["colocated_instances"] * speed.ranks) * r["uncached_mean"] \
+            / (free / table.busy_at(n) * 1e3)
+        assert r["prefill_utilisation"] == pytest.approx(rho, rel=1e-9)
+        _, ttft, tpot = hand_point(r, screen)
+        assert lam / d.requests_per_session * d.session_s(ttft, tpot) == pytest.approx(
+            40 / r["racks"], rel=1e-6)
+        n90 = max(min(occupancy_quantile(np.array([n * speed.ranks]), 0.9)[0] / speed.ranks,
+                      r["decode_max_per_rank"]), n)
+        step90 = table.busy_at(n90) if table.share_at(n) > 0.1 else table.step_at(n90)
+        assert r["interactivity_tok_s"] == pytest.approx(3.25 / step90 * 1e3, rel=1e-9)
+        # the mixed steps are longer than the same decode without prefill
+        dec = screen._decode[(r["hardware"], 4)] if r["colocated_gpus"] == 4 else \
+            screen._decode[(r["hardware"], 8)]
+        assert table.busy_at(n) > dec.step_at(n)
 
 
 def test_more_racks_never_serve_a_rack_worse(screened):
