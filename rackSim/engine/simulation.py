@@ -26,7 +26,7 @@ from rackSim.engine.fleet import build_fleet
 from rackSim.engine.fleet_router import FleetRouter
 from rackSim.engine.request import Job
 from rackSim.metrics.histogram import LatencyHistogram
-from rackSim.metrics.records import RequestRecord, step_row
+from rackSim.metrics.records import RequestRecord, StepLog, step_row
 from rackSim.perf.step import StepBreakdown
 from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, SessionInstance
 from rackSim.workload.open_loop import OpenLoopSchedule
@@ -66,7 +66,7 @@ class SimOutput:
     """Everything a run produced (raw; `rackSim.metrics` turns it into a Result)."""
 
     requests: list[RequestRecord]
-    steps: list[tuple]
+    steps: StepLog
     itl: LatencyHistogram
     window_start_s: float
     window_end_s: float
@@ -94,7 +94,7 @@ class Simulation:
         d, m = cfg.deployment, cfg.model
         self.env = env = CountingEnvironment()
         self.records: list[RequestRecord] = []
-        self.steps: list[tuple] = []
+        self.steps = StepLog()
         self._window_s = cfg.workload.replay.window_s
         self._kv_bytes_per_token = m.kv_bytes_per_token
         fleet = build_fleet(cfg, env, self._prefilled, self._on_step, self._in_window,

@@ -8,8 +8,12 @@ code. Times are seconds since the run started; durations are milliseconds.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
 
 if TYPE_CHECKING:
     from rackSim.perf.step import StepBreakdown
@@ -107,3 +111,81 @@ def step_row(name: str, step: int, start: float, cost: StepBreakdown, p_req: int
     return (name, step, start, cost.total_ms, p_req, p_tok, d_req, d_tok, ctx, loads,
             balancedness, cost.moe, cost.attention, cost.indexer, cost.dense, cost.comm,
             cost.draft, cost.cpu, cost.sync, cost.straggler, cost.kv_stall)
+
+
+#: step columns that hold counts (int64 in a step table)
+STEP_INT_COLUMNS = ("step", "prefill_requests", "prefill_tokens", "decode_requests",
+                    "new_loads")
+
+
+class StepLog:
+    """The step rows of a run, kept by column.
+
+    A simulated hour of a large fleet has tens of millions of steps; as tuples of Python
+    objects they take ~600 bytes each, as columns 8 bytes per value. Rows are appended as
+    tuples of STEP_COLUMNS and packed every `chunk` rows into a float64 block (the instance
+    name as a code into `names`); `frame()` is the step table, iteration gives the rows back
+    as tuples (counts as floats)."""
+
+    def __init__(self, chunk: int = 1 << 16):
+        self.chunk = chunk
+        self.names: list[str] = []
+        self._code: dict[str, int] = {}
+        self._rows: list[tuple] = []
+        self._blocks: list[np.ndarray] = []  # (rows, len(STEP_COLUMNS)) float64
+        self._packed = 0
+
+    def append(self, row: tuple) -> None:
+        rows = self._rows
+        rows.append(row)
+        if len(rows) >= self.chunk:
+            self._pack()
+
+    def _pack(self) -> None:
+        if not self._rows:
+            return
+        a = np.array(self._rows, dtype=object)
+        code = self._code
+        block = np.empty(a.shape, dtype=np.float64)
+        block[:, 0] = [code.setdefault(n, len(code)) for n in a[:, 0]]
+        block[:, 1:] = a[:, 1:].astype(np.float64)
+        self.names = list(code)
+        self._blocks.append(block)
+        self._packed += len(block)
+        self._rows = []
+
+    def __len__(self) -> int:
+        return self._packed + len(self._rows)
+
+    def _array(self) -> np.ndarray:
+        self._pack()
+        if not self._blocks:
+            return np.empty((0, len(STEP_COLUMNS)))
+        if len(self._blocks) > 1:
+            self._blocks = [np.concatenate(self._blocks)]
+        return self._blocks[0]
+
+    def __iter__(self) -> Iterator[tuple]:
+        rows = self._array()  # packs the last rows, naming their instances
+        names = self.names
+        for row in rows:
+            yield (names[int(row[0])], *row[1:].tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StepLog):
+            return NotImplemented
+        a, b = self._array(), other._array()
+        names = [self.names[int(c)] for c in a[:, 0]]
+        return (a.shape == b.shape and names == [other.names[int(c)] for c in b[:, 0]]
+                and np.array_equal(a[:, 1:], b[:, 1:], equal_nan=True))
+
+    __hash__ = None  # mutable
+
+    def frame(self) -> pd.DataFrame:
+        """The step table (STEP_COLUMNS; counts as int64)."""
+        a = self._array()
+        df = pd.DataFrame(a, columns=list(STEP_COLUMNS))
+        df["instance"] = pd.Categorical.from_codes(a[:, 0].astype(np.int64),
+                                                   categories=self.names).astype(object) \
+            if len(a) else pd.Series([], dtype=object)
+        return df.astype(dict.fromkeys(STEP_INT_COLUMNS, np.int64))

@@ -30,7 +30,7 @@ import pandas as pd
 
 from rackSim.config.specs import PricingSpec
 from rackSim.metrics.histogram import LatencyHistogram
-from rackSim.metrics.records import REQUEST_COLUMNS, STEP_COLUMNS, RequestRecord
+from rackSim.metrics.records import REQUEST_COLUMNS, STEP_COLUMNS, RequestRecord, StepLog
 
 SUMMARY_KEYS = (
     "throughput_tok_s_gpu", "cached_input_tok_s_gpu", "uncached_input_tok_s_gpu",
@@ -80,7 +80,10 @@ def requests_frame(records: list[RequestRecord]) -> pd.DataFrame:
     return df
 
 
-def steps_frame(rows: list[tuple]) -> pd.DataFrame:
+def steps_frame(rows: list[tuple] | StepLog) -> pd.DataFrame:
+    """The step table of a run's step rows (a simulation's `StepLog`, or measured tuples)."""
+    if isinstance(rows, StepLog):
+        return rows.frame()
     return pd.DataFrame.from_records(rows, columns=list(STEP_COLUMNS))
 
 
@@ -214,8 +217,9 @@ def fleet_tables(df: pd.DataFrame, steps: pd.DataFrame, layout: FleetLayout, t0:
     return pd.DataFrame(rows), pd.DataFrame(inst)
 
 
-def summarize(records: list[RequestRecord], step_rows: list[tuple], itl: LatencyHistogram | None,
-              t0: float, t1: float, num_gpus: int, pricing: PricingSpec,
+def summarize(records: list[RequestRecord], step_rows: list[tuple] | StepLog,
+              itl: LatencyHistogram | None, t0: float, t1: float, num_gpus: int,
+              pricing: PricingSpec,
               extra: dict | None = None, fleet: FleetLayout | None = None) -> Result:
     """Metrics of a run (simulated or measured) over the window [t0, t1); with `fleet`, also
     per rack and per instance (`fleet_tables`; step rows join the instance table by name)."""
