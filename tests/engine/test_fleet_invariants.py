@@ -11,20 +11,12 @@ import math
 from collections import defaultdict
 
 import pytest
+from fleet_support import DEEP, SMALL_SYNTHETIC, run_sim
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rackSim.config import with_changes
-from rackSim.engine.simulation import Simulation
 from rackSim.metrics.summary import FleetLayout, summarize
-from rackSim.workload.sources import load_sessions
-
-DEEP = settings.default.max_examples >= 1000  # HYPOTHESIS_PROFILE=deep (tests/conftest.py)
-
-SMALL_SYNTHETIC = {"turns_mean": 4, "first_prompt_tokens_mean": 3000,
-                   "new_tokens_per_turn_mean": 500, "output_tokens_mean": 40,
-                   "tool_delay_s_mean": 0.5, "subagent_prob": 0.5, "subagent_fanout_max": 3,
-                   "subagent_turns_mean": 2, "max_context_tokens": 131072}
 
 fleets = st.fixed_dictionaries({
     "layout": st.sampled_from(["racks", "groups", "split"]),
@@ -72,17 +64,12 @@ def _with(base, p, dep):
                              "primer": p["primer"], "window_s": 5.0, "drain_s": 600.0}})
 
 
-def _run(cfg):
-    sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
-    return sim, sim.run(progress=False)
-
-
 @settings(max_examples=1000 if DEEP else 15, deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(p=fleets)
 def test_fleet_invariants(smoke_cfg, p):
     cfg = _cfg(smoke_cfg, p)
-    sim, out = _run(cfg)
+    sim, out = run_sim(cfg)
     recs = [r for r in out.requests if r.phase != "primer"]
     n_racks = cfg.deployment.num_racks
     assert len(sim.racks) == n_racks
@@ -141,7 +128,7 @@ def test_fleet_invariants(smoke_cfg, p):
 @given(p=fleets)
 def test_same_seed_same_fleet_result(smoke_cfg, p):
     cfg = _cfg(smoke_cfg, p)
-    a, b = _run(cfg)[1], _run(cfg)[1]
+    a, b = run_sim(cfg)[1], run_sim(cfg)[1]
     assert [r.as_row() for r in a.requests] == [r.as_row() for r in b.requests]
     assert a.steps == b.steps
     assert (a.itl.weights == b.itl.weights).all()
