@@ -20,3 +20,11 @@ def run_sim(cfg):
     """(the Simulation, its output) of `cfg` on its own workload."""
     sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
     return sim, sim.run(progress=False)
+
+
+def assert_same_run_twice(cfg) -> None:
+    """Two runs of `cfg` give the same records, step rows and ITL histogram."""
+    a, b = run_sim(cfg)[1], run_sim(cfg)[1]
+    assert [r.as_row() for r in a.requests] == [r.as_row() for r in b.requests]
+    assert a.steps == b.steps
+    assert (a.itl.weights == b.itl.weights).all()

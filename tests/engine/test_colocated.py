@@ -13,7 +13,7 @@ import math
 from dataclasses import replace
 
 import pytest
-from fleet_support import DEEP, SMALL_SYNTHETIC, run_sim
+from fleet_support import DEEP, SMALL_SYNTHETIC, assert_same_run_twice, run_sim
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -112,10 +112,7 @@ def test_colocated_invariants(smoke_cfg, p):
           suppress_health_check=[HealthCheck.too_slow])
 @given(p=fleets)
 def test_same_seed_same_colocated_result(smoke_cfg, p):
-    cfg = _colocated(smoke_cfg, p)
-    a, b = run_sim(cfg)[1], run_sim(cfg)[1]
-    assert [r.as_row() for r in a.requests] == [r.as_row() for r in b.requests]
-    assert a.steps == b.steps
+    assert_same_run_twice(_colocated(smoke_cfg, p))
 
 
 def test_colocated_and_disaggregated_both_conserve_tokens(smoke_cfg):

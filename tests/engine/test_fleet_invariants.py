@@ -11,7 +11,7 @@ import math
 from collections import defaultdict
 
 import pytest
-from fleet_support import DEEP, SMALL_SYNTHETIC, run_sim
+from fleet_support import DEEP, SMALL_SYNTHETIC, assert_same_run_twice, run_sim
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -127,8 +127,4 @@ def test_fleet_invariants(smoke_cfg, p):
           suppress_health_check=[HealthCheck.too_slow])
 @given(p=fleets)
 def test_same_seed_same_fleet_result(smoke_cfg, p):
-    cfg = _cfg(smoke_cfg, p)
-    a, b = run_sim(cfg)[1], run_sim(cfg)[1]
-    assert [r.as_row() for r in a.requests] == [r.as_row() for r in b.requests]
-    assert a.steps == b.steps
-    assert (a.itl.weights == b.itl.weights).all()
+    assert_same_run_twice(_cfg(smoke_cfg, p))
