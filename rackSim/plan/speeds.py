@@ -236,7 +236,3 @@ class ColocatedSpeed:
             mean[j], busy[j], share[j] = any_busy * b + (1 - any_busy) * i, b, any_busy
         got = self._tables[key] = ColocatedTable(grid.astype(float), mean, busy, share)
         return got
-
-    def own_steps(self, per_rank: np.ndarray, uncached: np.ndarray) -> np.ndarray:
-        """Steps a prompt of `uncached` tokens takes on its rank: ceil(u / free)."""
-        return np.ceil(np.maximum(uncached, 1.0) / np.maximum(self.free(per_rank), 1.0))
