@@ -138,21 +138,18 @@ class ColocatedInstance(DecodeInstance):
     def _schedule(self, q: int) -> tuple[list[tuple[Job, int]], PrefillBatch]:
         """This step's prefill chunks over every rank with prompts, and their batch."""
         chunks: list[tuple[Job, int]] = []
-        new = attended = admitted = busiest = 0
+        new = admitted = busiest = 0
         host_bytes = 0.0
         per_token = self.kv_bytes_per_token
         for r in list(self._busy):
-            left = self.budget - self.n_req[r] * q
-            rank_new = 0
+            room = left = self.budget - self.n_req[r] * q
             prefilling, waiting = self.prefilling[r], self.waiting[r]
-            for job in prefilling:
+            for job in prefilling:  # the prompt part-way first
                 if left <= 0:
                     break
                 n = min(job.prompt_tokens - job.computed, left)
                 chunks.append((job, n))
                 left -= n
-                rank_new += n
-                attended += job.computed + n
             while waiting and left > 0 and \
                     self.n_req[r] + len(prefilling) < self.max_seqs:
                 job = waiting[0]
@@ -165,10 +162,10 @@ class ColocatedInstance(DecodeInstance):
                 n = min(job.prompt_tokens - job.computed, left)
                 chunks.append((job, n))
                 left -= n
-                rank_new += n
-                attended += job.computed + n
+            rank_new = max(room - left, 0)
             new += rank_new
             busiest = max(busiest, rank_new)
+        attended = sum(job.computed + n for job, n in chunks)
         batch = PrefillBatch(new_tokens=new, attended_tokens=attended, num_requests=len(chunks),
                              admitted_prompt_tokens=admitted, ranks=self.ranks,
                              host_loaded_bytes=host_bytes, busiest_rank_tokens=busiest)
@@ -216,8 +213,8 @@ class ColocatedInstance(DecodeInstance):
             yield env.timeout(dur)
             end = env.now
             entered = self._prefilled(chunks, step, end)
-            emitted = self._emit(step, entered, dur, end)
+            emitted, retiring = self._emit(step, entered, dur, end)
             on_step(name, step, start, cost, prefill.num_requests, prefill.new_tokens,
                     n_decoding, emitted - len(entered),
                     sum(self.ctx) + prefill.attended_tokens, len(entered))
-            self._advance(end)
+            self._advance(end, retiring)

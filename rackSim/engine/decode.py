@@ -84,7 +84,6 @@ class DecodeInstance:
         self.step = 0
         self._wake: simpy.Event | None = None
         self._affinity: dict[int, int] = {}  # session key base -> rank it last used
-        self._retiring: Iterable[Job] = ()  # the requests of the current step's last tokens
         env.process(self._loop())
 
     # -- placement ------------------------------------------------------------------------
@@ -199,11 +198,12 @@ class DecodeInstance:
         rec.decode_start_s = now
         rec.decode_rank = r
 
-    def _emit(self, step: int, entered: list[Job], dur: float, end: float) -> float:
+    def _emit(self, step: int, entered: list[Job], dur: float, end: float
+              ) -> tuple[float, Iterable[Job]]:
         """Tokens of step `step` (`dur` s, ending at `end`): `entered` (which started this
         step) emit their first, the others `a` each or their remainder; the inter-token gaps
-        go to the ITL histogram in the window. Retires the requests whose last step this is;
-        returns the tokens emitted."""
+        go to the ITL histogram in the window. Returns the tokens emitted and the requests
+        whose last step this is (for `_advance`)."""
         a = self.a
         n_running = len(self.running)
         retiring = self._finish.pop(step, ())
@@ -226,16 +226,14 @@ class DecodeInstance:
             itl_add(dur * 1e3 / a, a * mid)
         if self.trace_tokens:
             self._trace(end)
-        self._retiring = retiring
-        return emitted
+        return emitted, retiring
 
-    def _advance(self, end: float) -> None:
+    def _advance(self, end: float, retiring: Iterable[Job]) -> None:
         """After a step's row is written: contexts grow by `a` per running request, and the
-        requests `_emit` found at their last step retire."""
+        requests at their last step (`retiring`, from `_emit`) retire."""
         self.ctx = list(map(add, self.ctx, map(mul, repeat(self.a), self.n_req)))
-        for job in self._retiring:
+        for job in retiring:
             self._retire(job, end)
-        self._retiring = ()
         self.step += 1
 
     def _loop(self):
@@ -269,10 +267,10 @@ class DecodeInstance:
             yield timeout(dur)
             end = env.now
             n_running = len(running)
-            emitted = emit(step, admitted, dur, end)
+            emitted, retiring = emit(step, admitted, dur, end)
             on_step(name, step, start, cost, 0, 0, n_running, emitted, sum(self.ctx),
                     n_admitted)
-            advance(end)
+            advance(end, retiring)
 
     def _trace(self, end: float) -> None:
         """Every running request's token times (tests and small runs only: O(batch))."""

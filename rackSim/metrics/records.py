@@ -133,7 +133,6 @@ class StepLog:
         self._code: dict[str, int] = {}
         self._rows: list[tuple] = []
         self._blocks: list[np.ndarray] = []  # (rows, len(STEP_COLUMNS)) float64
-        self._packed = 0
 
     def append(self, row: tuple) -> None:
         rows = self._rows
@@ -151,11 +150,10 @@ class StepLog:
         block[:, 1:] = a[:, 1:].astype(np.float64)
         self.names = list(code)
         self._blocks.append(block)
-        self._packed += len(block)
         self._rows = []
 
     def __len__(self) -> int:
-        return self._packed + len(self._rows)
+        return sum(map(len, self._blocks)) + len(self._rows)
 
     def _array(self) -> np.ndarray:
         self._pack()
@@ -185,7 +183,5 @@ class StepLog:
         """The step table (STEP_COLUMNS; counts as int64)."""
         a = self._array()
         df = pd.DataFrame(a, columns=list(STEP_COLUMNS))
-        df["instance"] = pd.Categorical.from_codes(a[:, 0].astype(np.int64),
-                                                   categories=self.names).astype(object) \
-            if len(a) else pd.Series([], dtype=object)
+        df["instance"] = np.array(self.names, dtype=object)[a[:, 0].astype(np.int64)]
         return df.astype(dict.fromkeys(STEP_INT_COLUMNS, np.int64))

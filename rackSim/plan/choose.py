@@ -34,10 +34,9 @@ def ranked(screened: pd.DataFrame) -> pd.DataFrame:
 def to_confirm(screened: pd.DataFrame, k: int, every_kind: bool = True) -> pd.DataFrame:
     """The best candidate of each of the `k` best families (hardware x layout kind and
     widths), so the simulation sees different ways to serve the demand; and (k > 0,
-    `every_kind`) the best
-    candidate of each layout kind those leave out (in the order of `ranked` within the kind:
-    the closest to the SLOs if none meets them), so "should we disaggregate at all?" is
-    answered by simulation too."""
+    `every_kind`) the best candidate of each layout kind those leave out (in the order of
+    `ranked` within the kind: the closest to the SLOs if none meets them), so "should we
+    disaggregate at all?" is answered by simulation too."""
     best = ranked(screened).drop_duplicates(["hardware", "family_key"])
     picks = best.head(k)
     if k <= 0 or not every_kind or "family" not in screened:
