@@ -18,7 +18,7 @@ import simpy
 from simpy.events import Timeout
 
 from rackSim.engine.request import Job
-from rackSim.metrics.records import RequestRecord
+from rackSim.metrics.records import RequestLog, RequestRecord
 from rackSim.workload.graph import RequestSpec, SessionInstance
 from rackSim.workload.open_loop import OpenLoopSchedule
 from rackSim.workload.replay import ClosedLoopReplay, OpenLoopPhases, SessionCursor
@@ -28,7 +28,7 @@ class _SessionClients:
     """Sends a session's requests in dependency order; subclasses start the sessions."""
 
     def __init__(self, env: simpy.Environment, phases: ClosedLoopReplay | OpenLoopPhases,
-                 submit: Callable[[Job], None], records: list[RequestRecord]):
+                 submit: Callable[[Job], None], records: RequestLog):
         self.env, self.phases, self.submit, self.records = env, phases, submit, records
         self.stopped = False
         self.in_flight = 0
@@ -67,6 +67,7 @@ class _SessionClients:
                         spec.output_tokens, prompt_tokens))
 
     def _done(self, job: Job) -> None:
+        self.records.close(job.rec)
         self.in_flight -= 1
         inst = job.inst
         self.phases.note_done(inst.lane, self.env.now)
@@ -87,7 +88,7 @@ class AgentClients(_SessionClients):
     def __init__(self, env: simpy.Environment, replay: ClosedLoopReplay,
                  submit: Callable[[Job], None],
                  warm: Callable[[SessionInstance, RequestSpec], None],
-                 records: list[RequestRecord]):
+                 records: RequestLog):
         super().__init__(env, replay, submit, records)
         self.replay, self.warm = replay, warm
 
@@ -107,7 +108,7 @@ class TraceClients(_SessionClients):
 
     def __init__(self, env: simpy.Environment, schedule: OpenLoopSchedule,
                  phases: OpenLoopPhases, submit: Callable[[Job], None],
-                 records: list[RequestRecord]):
+                 records: RequestLog):
         super().__init__(env, phases, submit, records)
         self._arrivals = iter(schedule)
 

@@ -26,7 +26,7 @@ from rackSim.engine.fleet import build_fleet
 from rackSim.engine.fleet_router import FleetRouter
 from rackSim.engine.request import Job
 from rackSim.metrics.histogram import LatencyHistogram
-from rackSim.metrics.records import RequestRecord, StepLog, step_row
+from rackSim.metrics.records import RequestLog, RequestRecord, StepLog, step_row
 from rackSim.perf.step import StepBreakdown
 from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, SessionInstance
 from rackSim.workload.open_loop import OpenLoopSchedule
@@ -65,7 +65,7 @@ class WarmupTooLong(RuntimeError):
 class SimOutput:
     """Everything a run produced (raw; `rackSim.metrics` turns it into a Result)."""
 
-    requests: list[RequestRecord]
+    requests: RequestLog
     steps: StepLog
     itl: LatencyHistogram
     window_start_s: float
@@ -93,7 +93,7 @@ class Simulation:
         self.cfg = cfg
         d, m = cfg.deployment, cfg.model
         self.env = env = CountingEnvironment()
-        self.records: list[RequestRecord] = []
+        self.records = RequestLog()
         self.steps = StepLog()
         self._window_s = cfg.workload.replay.window_s
         self._kv_bytes_per_token = m.kv_bytes_per_token

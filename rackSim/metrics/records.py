@@ -86,6 +86,105 @@ class RequestRecord:
 
 
 REQUEST_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
+#: request columns that hold numbers (numpy arrays in a RequestLog; the others stay objects)
+_NUMERIC = tuple(f.name for f in fields(RequestRecord) if f.type in ("int", "float"))
+_FLOATS = tuple(f.name for f in fields(RequestRecord) if f.type == "float")
+
+
+class RequestLog:
+    """The request records of a run in send order; finished ones kept by column.
+
+    A simulated hour of a large fleet sends millions of requests. A `RequestRecord` with its
+    boxed numbers takes ~600 bytes, and millions of them kept alive among the short-lived
+    objects of the event loop spread those over a heap of gigabytes. `close(rec)` says a
+    record is final (its request finished); every `chunk` closed records are packed into
+    arrays (8 bytes a number) and their objects freed. Reading it (`len`, iteration and
+    indexing in send order, `columns()`) sees packed and open records alike; iteration builds
+    the records back, with NaN as the shared `NAN` so that rebuilt records compare equal."""
+
+    def __init__(self, chunk: int = 1 << 14):
+        self.chunk = chunk
+        self._recs: list[RequestRecord | None] = []  # send order; None once packed
+        self._open: dict[int, int] = {}  # id(record) -> send position, not closed yet
+        self._closed: list[int] = []     # send positions closed since the last pack
+        self._packed: list[tuple[np.ndarray, dict[str, np.ndarray | list]]] = []
+
+    def append(self, rec: RequestRecord) -> None:
+        self._open[id(rec)] = len(self._recs)
+        self._recs.append(rec)
+
+    def close(self, rec: RequestRecord) -> None:
+        """`rec` will not change again."""
+        self._closed.append(self._open.pop(id(rec)))
+        if len(self._closed) >= self.chunk:
+            self._pack()
+
+    def _pack(self) -> None:
+        at = np.array(self._closed, dtype=np.int64)
+        recs = self._recs
+        rows = [recs[i] for i in self._closed]
+        for i in self._closed:
+            recs[i] = None
+        self._closed = []
+        self._packed.append((at, _columns(rows)))
+
+    def __len__(self) -> int:
+        return len(self._recs)
+
+    def columns(self) -> dict[str, np.ndarray | list]:
+        """Every record by column (REQUEST_COLUMNS), in send order: numbers as arrays, the
+        rest as lists; token_times_s as lists (empty when not recorded)."""
+        rest = self._closed + list(self._open.values())
+        parts = [*self._packed, (np.array(rest, dtype=np.int64),
+                                 _columns([self._recs[i] for i in rest]))]
+        parts = [p for p in parts if len(p[0])]
+        if not parts:
+            return {c: [] for c in REQUEST_COLUMNS}
+        order = np.argsort(np.concatenate([at for at, _ in parts]), kind="stable")
+        out: dict[str, np.ndarray | list] = {}
+        for c in REQUEST_COLUMNS:
+            if c in _NUMERIC:
+                out[c] = np.concatenate([cols[c] for _, cols in parts])[order]
+            elif c == "token_times_s":
+                flat = [v for _, cols in parts for v in cols[c]]
+                out[c] = [[] if flat[i] is None else flat[i] for i in order.tolist()]
+            else:
+                flat = np.empty(len(order), dtype=object)
+                flat[:] = [v for _, cols in parts for v in cols[c]]
+                out[c] = flat[order]
+        return out
+
+    def __iter__(self) -> Iterator[RequestRecord]:
+        if not self._packed:
+            yield from self._recs  # type: ignore[misc]  # nothing packed: all records live
+            return
+        cols = self.columns()
+        lists = {c: v.tolist() if isinstance(v, np.ndarray) else v for c, v in cols.items()}
+        for f in _FLOATS:
+            lists[f] = [NAN if x != x else x for x in lists[f]]
+        for values in zip(*(lists[c] for c in REQUEST_COLUMNS), strict=True):
+            yield RequestRecord(*values)
+
+    def __getitem__(self, i: int) -> RequestRecord:
+        rec = self._recs[i]
+        if rec is not None:
+            return rec
+        return list(self)[i]
+
+
+#: what metrics read records from: a measured run's list, or a simulation's log
+Records = list[RequestRecord] | RequestLog
+
+
+def _columns(rows: list[RequestRecord]) -> dict[str, np.ndarray | list]:
+    """`rows` by column: numbers as numpy arrays (dtype as pandas infers it from the values),
+    others as lists, an empty token_times_s as None."""
+    cols: dict[str, np.ndarray | list] = {}
+    for c in REQUEST_COLUMNS:
+        values = [getattr(r, c) for r in rows]
+        cols[c] = np.array(values) if c in _NUMERIC else values
+    cols["token_times_s"] = [t or None for t in cols["token_times_s"]]
+    return cols
 
 STEP_COLUMNS: tuple[str, ...] = (
     "instance",          # e.g. "prefill-3", "decode", "colocated-0"

@@ -30,7 +30,13 @@ import pandas as pd
 
 from rackSim.config.specs import PricingSpec
 from rackSim.metrics.histogram import LatencyHistogram
-from rackSim.metrics.records import REQUEST_COLUMNS, STEP_COLUMNS, RequestRecord, StepLog
+from rackSim.metrics.records import (
+    REQUEST_COLUMNS,
+    STEP_COLUMNS,
+    Records,
+    RequestLog,
+    StepLog,
+)
 
 SUMMARY_KEYS = (
     "throughput_tok_s_gpu", "cached_input_tok_s_gpu", "uncached_input_tok_s_gpu",
@@ -65,13 +71,16 @@ class FleetLayout:
     decode_itl: dict[str, LatencyHistogram]
 
 
-def requests_frame(records: list[RequestRecord]) -> pd.DataFrame:
+def requests_frame(records: Records) -> pd.DataFrame:
     """One row per record (REQUEST_COLUMNS) plus ttft_ms, tpot_ms and uncached_tokens.
 
     Built column by column: `dataclasses.asdict` per record deep-copies every field and took a
     third as long as the simulation itself on the reference run."""
-    cols = {c: list(map(attrgetter(c), records)) for c in REQUEST_COLUMNS}
-    df = pd.DataFrame(cols) if records else pd.DataFrame(columns=list(REQUEST_COLUMNS))
+    if isinstance(records, RequestLog):
+        cols = records.columns()
+    else:
+        cols = {c: list(map(attrgetter(c), records)) for c in REQUEST_COLUMNS}
+    df = pd.DataFrame(cols) if len(records) else pd.DataFrame(columns=list(REQUEST_COLUMNS))
     df["ttft_ms"] = (df["first_token_s"] - df["send_s"]) * 1e3
     n = df["output_tokens"].astype(float)
     df["tpot_ms"] = np.where(n >= 2, (df["finish_s"] - df["first_token_s"]) * 1e3
@@ -87,7 +96,7 @@ def steps_frame(rows: list[tuple] | StepLog) -> pd.DataFrame:
     return pd.DataFrame.from_records(rows, columns=list(STEP_COLUMNS))
 
 
-def itl_from_token_times(records: list[RequestRecord], t0: float, t1: float
+def itl_from_token_times(records: Records, t0: float, t1: float
                          ) -> LatencyHistogram:
     """ITL histogram from recorded token arrival times (measured runs)."""
     hist = LatencyHistogram()
@@ -217,7 +226,7 @@ def fleet_tables(df: pd.DataFrame, steps: pd.DataFrame, layout: FleetLayout, t0:
     return pd.DataFrame(rows), pd.DataFrame(inst)
 
 
-def summarize(records: list[RequestRecord], step_rows: list[tuple] | StepLog,
+def summarize(records: Records, step_rows: list[tuple] | StepLog,
               itl: LatencyHistogram | None, t0: float, t1: float, num_gpus: int,
               pricing: PricingSpec,
               extra: dict | None = None, fleet: FleetLayout | None = None) -> Result:

@@ -26,7 +26,7 @@ from rackSim.engine.colocated import ColocatedInstance
 from rackSim.engine.prefix_cache import TieredPrefixCache
 from rackSim.engine.request import Job
 from rackSim.metrics.histogram import LatencyHistogram
-from rackSim.metrics.records import RequestRecord, step_row
+from rackSim.metrics.records import RequestLog, step_row
 from rackSim.perf.measured import MeasuredStepModel, Profile
 from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, SessionInstance
 from rackSim.workload.replay import ClosedLoopReplay
@@ -40,7 +40,7 @@ ZERO_PRICING = PricingSpec(name="none", cached_input_usd_per_mtok=0.0,
 class ColocatedOutput:
     """Raw output of a colocated simulation: records, step rows, window (s)."""
 
-    records: list[RequestRecord]
+    records: RequestLog
     steps: list[tuple]
     window_start_s: float
     window_end_s: float
@@ -52,7 +52,7 @@ def simulate_colocated(sessions: list[SessionGraph], replay: ReplaySpec, profile
     """Replay `sessions` on one simulated engine priced by `profile`; run until the window has
     passed and the requests in flight have finished (as the driver does)."""
     env = simpy.Environment()
-    records: list[RequestRecord] = []
+    records = RequestLog()
     steps: list[tuple] = []
     shape = profile.server
 

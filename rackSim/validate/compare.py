@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from rackSim.metrics.histogram import LatencyHistogram
-from rackSim.metrics.records import RequestRecord
+from rackSim.metrics.records import Records
 from rackSim.metrics.summary import Result, itl_from_token_times, summarize
 from rackSim.validate.colocated import ZERO_PRICING
 from rackSim.workload.graph import SessionGraph
@@ -68,7 +68,7 @@ def delivery_gaps(times_s: list[float], coalesce_ms: float = COALESCE_MS) -> np.
     return np.asarray(out)
 
 
-def coalesced_share(records: list[RequestRecord], t0: float, t1: float,
+def coalesced_share(records: Records, t0: float, t1: float,
                     coalesce_ms: float = COALESCE_MS) -> float:
     """Share of inter-token gaps (requests whose first token falls in [t0, t1)) shorter than
     `coalesce_ms`: tokens that reached the client in the same delivery as the one before."""
@@ -82,7 +82,7 @@ def coalesced_share(records: list[RequestRecord], t0: float, t1: float,
     return short / total if total else math.nan
 
 
-def itl_from_deliveries(records: list[RequestRecord], t0: float, t1: float,
+def itl_from_deliveries(records: Records, t0: float, t1: float,
                         coalesce_ms: float = COALESCE_MS) -> LatencyHistogram:
     """ITL histogram (ms) of the gaps of requests whose first token falls in [t0, t1)."""
     hist = LatencyHistogram()
@@ -95,7 +95,7 @@ def itl_from_deliveries(records: list[RequestRecord], t0: float, t1: float,
     return hist
 
 
-def client_lag_ms(records: list[RequestRecord], sessions: list[SessionGraph]) -> np.ndarray:
+def client_lag_ms(records: Records, sessions: list[SessionGraph]) -> np.ndarray:
     """Per request (ms): send - (last dependency's finish + its tool delay), i.e. how late the
     client sent a ready request. 0 in the simulator; on a real machine it is the client's and
     the API server's reaction time (the final chunk's delivery included)."""
@@ -114,7 +114,7 @@ def client_lag_ms(records: list[RequestRecord], sessions: list[SessionGraph]) ->
     return np.asarray(out)
 
 
-def summarize_run(records: list[RequestRecord], t0: float, t1: float, label: str,
+def summarize_run(records: Records, t0: float, t1: float, label: str,
                   coalesce_ms: float = COALESCE_MS,
                   sessions: list[SessionGraph] | None = None,
                   server_ttft_mean_ms: float = math.nan) -> Result:
@@ -136,7 +136,7 @@ def summarize_run(records: list[RequestRecord], t0: float, t1: float, label: str
                       "server_ttft_mean_ms": server_ttft_mean_ms})
 
 
-def ttft_all_mean_ms(records: list[RequestRecord]) -> float:
+def ttft_all_mean_ms(records: Records) -> float:
     """Mean TTFT (ms) of every successful request of a run, primer and warm-up included."""
     ttft = [r.ttft_ms for r in records if r.error is None and not math.isnan(r.first_token_s)]
     return float(np.mean(ttft)) if ttft else math.nan
