@@ -8,6 +8,7 @@ code. Times are seconds since the run started; durations are milliseconds.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
@@ -222,37 +223,41 @@ class StepLog:
 
     A simulated hour of a large fleet has tens of millions of steps; as tuples of Python
     objects they take ~600 bytes each, as columns 8 bytes per value. Rows are appended as
-    tuples of STEP_COLUMNS and packed every `chunk` rows into a float64 block (the instance
-    name as a code into `names`); `frame()` is the step table, iteration gives the rows back
-    as tuples (counts as floats)."""
+    tuples of STEP_COLUMNS: the instance name becomes a code into `names`, the numbers go
+    straight into a float64 buffer (one C conversion per row), packed into a block every
+    `chunk` rows; `frame()` is the step table, iteration gives the rows back as tuples
+    (counts as floats)."""
 
     def __init__(self, chunk: int = 1 << 16):
         self.chunk = chunk
         self.names: list[str] = []
         self._code: dict[str, int] = {}
-        self._rows: list[tuple] = []
+        self._buf = array("d")  # rows not packed yet, len(STEP_COLUMNS) values each
+        self._pending = 0
         self._blocks: list[np.ndarray] = []  # (rows, len(STEP_COLUMNS)) float64
 
     def append(self, row: tuple) -> None:
-        rows = self._rows
-        rows.append(row)
-        if len(rows) >= self.chunk:
+        code = self._code.get(row[0])
+        if code is None:
+            code = self._code[row[0]] = len(self.names)
+            self.names.append(row[0])
+        buf = self._buf
+        buf.append(code)
+        buf.extend(row[1:])
+        self._pending += 1
+        if self._pending >= self.chunk:
             self._pack()
 
     def _pack(self) -> None:
-        if not self._rows:
+        if not self._pending:
             return
-        a = np.array(self._rows, dtype=object)
-        code = self._code
-        block = np.empty(a.shape, dtype=np.float64)
-        block[:, 0] = [code.setdefault(n, len(code)) for n in a[:, 0]]
-        block[:, 1:] = a[:, 1:].astype(np.float64)
-        self.names = list(code)
-        self._blocks.append(block)
-        self._rows = []
+        self._blocks.append(np.frombuffer(self._buf, dtype=np.float64)
+                            .reshape(self._pending, len(STEP_COLUMNS)).copy())
+        self._buf = array("d")
+        self._pending = 0
 
     def __len__(self) -> int:
-        return sum(map(len, self._blocks)) + len(self._rows)
+        return sum(map(len, self._blocks)) + self._pending
 
     def _array(self) -> np.ndarray:
         self._pack()
@@ -263,7 +268,7 @@ class StepLog:
         return self._blocks[0]
 
     def __iter__(self) -> Iterator[tuple]:
-        rows = self._array()  # packs the last rows, naming their instances
+        rows = self._array()  # packs the last rows
         names = self.names
         for row in rows:
             yield (names[int(row[0])], *row[1:].tolist())

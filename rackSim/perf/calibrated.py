@@ -13,6 +13,7 @@ and the breakdown fields sum to the step time. See docs/perf.md for each equatio
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -45,10 +46,25 @@ from rackSim.perf.step import DecodeBatch, PrefillBatch, StepBreakdown
 MS = 1e3
 
 
+_PROFILES: dict[tuple[str, int, int], Profile] = {}
+
+
 def load_profile(cfg: RunConfig) -> Profile:
+    """The scenario's profile, read once per file version: a fleet has one step model per
+    instance (210 in 14 full racks), and parsing the YAML for each took ~14 s. Step models
+    only read their profile."""
     if cfg.perf.profile is None:
         raise ValueError("perf.profile: the calibrated model needs a profile")
-    return Profile.load(Path(cfg.perf.profile))
+    path = Path(cfg.perf.profile)
+    try:
+        st = path.stat()
+    except OSError:
+        return Profile.load(path)  # names the file and the fix
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    if key not in _PROFILES:
+        _PROFILES.clear()  # one scenario's profiles at a time; an edited file is read again
+        _PROFILES[key] = Profile.load(path)
+    return _PROFILES[key]
 
 
 def dense_geometry(cfg: RunConfig, p: Profile) -> DenseGeometry:
@@ -216,6 +232,7 @@ class CalibratedStepModel:
         #: choice of the order of a decode step, not a fitted value.
         self._nominal_step_ms = 15.0
         self._last_rearrangements = 0
+        self._b, self._b_until = (1.0, 1.0), -1  # balancedness, valid below step _b_until
         self._prefill_steps = 0
         self._linear_context = max(self.attn.window,
                                    self.attn.csa_compress * self.attn.topk_entries)
@@ -253,6 +270,8 @@ class CalibratedStepModel:
         """(target, draft) balancedness at `step_index`; advances the EPLB states."""
         if self._fixed_b is not None:
             return self._fixed_b
+        if step_index < self._b_until:  # no EPLB epoch starts before `_b_until`
+            return self._b
         t = self.eplb_target.advance(step_index) if self.eplb_target else 1.0
         dr = self.eplb_draft.advance(step_index) if self.eplb_draft else 1.0
         if self.eplb_target and self.eplb_target.rearrangements != self._last_rearrangements:
@@ -264,6 +283,9 @@ class CalibratedStepModel:
             steps = max(1, int(duration // self._nominal_step_ms) + 1)
             self._eplb_busy = (st.last_rearrangement_step, st.last_rearrangement_step + steps)
             self._eplb_extra_ms = 2.0 * st.last_moved_bytes / self._hbm_ms / steps
+        self._b = (t, dr)
+        self._b_until = min((s.next_epoch_step for s in (self.eplb_target, self.eplb_draft)
+                             if s is not None), default=math.inf)
         return t, dr
 
     def _eplb_overhead_ms(self, step_index: int) -> float:

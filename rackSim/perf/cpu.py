@@ -53,6 +53,8 @@ def exposed_cpu_ms(step_ms: float, rank_admissions: Iterable[tuple[int, float, i
 
         exposed = step_ms + max over ranks r of max(0, admission_r - overlap_ms)
     """
+    if not rank_admissions:  # the usual decode step: nothing admitted
+        return step_ms + max(0.0, 0.0 - overlap_ms)
     worst = max((rank_admission_ms(n, tokens, blocks, ns_per_token, us_per_request,
                                    us_per_block)
                  for n, tokens, blocks in rank_admissions), default=0.0)

@@ -176,6 +176,11 @@ class EplbState:
     def balancedness(self) -> float:
         return self._b
 
+    @property
+    def next_epoch_step(self) -> int:
+        """The first step index at which `advance` can change the state."""
+        return (self._epoch + 1) * self.cfg.epoch_steps
+
     def advance(self, step_index: int) -> float:
         """Move the state to `step_index` (drift, rearrangements) and return balancedness."""
         target = step_index // self.cfg.epoch_steps

@@ -1,0 +1,144 @@
+"""A speed change against the code before it, measured in one run: same machine, same moment.
+
+Checks out `--base` (a git revision) into a temporary worktree and runs each case in both
+trees, alternating which goes first, `--repeat` times. Each run is a child process with only
+that tree's rackSim on its path (and the project directory as its working directory, so that
+paths such as the traces' resolve the same way). Per tree it reports the median and range over the repeats of:
+CPU seconds of the event loop (`Simulation.run`), events, peak resident memory and, for the
+`process` cases, the wall time of the whole `racksim` command (start to exit, outputs
+written). Then the ratio base / this tree (the median of the per-repeat ratios, with their
+range), and whether both trees produced the same request and step tables (a hash of both
+frames): a speed change must not change results.
+
+Cases: `reference` (the reference scenario, `--window-s` of window), `fleet` (14 full racks of
+`fleet_full_rack` at the reference per-GPU load), `mooncake` (the Mooncake conversation trace,
+one hour open loop), `mooncake-process` (the same as a whole `racksim` run).
+
+Run: `python benchmarks/bench_versus.py --base HEAD~1 [--cases reference mooncake]
+[--repeat 3] [--window-s 300]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MOONCAKE = ["workload=mooncake_conversation", "workload.replay.window_s=3600",
+            "workload.replay.warmup_s=0", "workload.replay.drain_s=600"]
+
+CHILD = r"""
+import hashlib, json, resource, sys, time
+import pandas as pd
+from rackSim.config import compose_scenario
+from rackSim.engine.simulation import Simulation
+from rackSim.metrics.summary import requests_frame
+from rackSim.workload.sources import load_sessions
+
+cfg = compose_scenario(json.loads(sys.argv[1]) + ["progress=false"])
+sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
+c0 = time.process_time()
+out = sim.run(progress=False)
+cpu = time.process_time() - c0
+req = requests_frame(out.requests)
+times = hashlib.sha1(repr(req.pop("token_times_s").tolist()).encode()).hexdigest()
+digest = hashlib.sha1()
+for df in (req, out.steps.frame()):
+    digest.update(pd.util.hash_pandas_object(df, index=False).values.tobytes())
+digest.update(times.encode())
+print(json.dumps({"cpu_s": cpu, "events": out.events, "requests": len(out.requests),
+                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "hash": digest.hexdigest()[:16]}))
+"""
+
+
+def overrides(case: str, window_s: float) -> list[str]:
+    if case == "reference":
+        return [f"workload.replay.window_s={window_s}"]
+    if case == "fleet":
+        ref_clients, ref_gpus, gpus = 400, 48, 14 * 72
+        return ["deployment=fleet_full_rack", "deployment.racks=14",
+                f"workload.replay.concurrency={round(ref_clients / ref_gpus * gpus)}",
+                f"workload.replay.window_s={window_s}"]
+    if case.startswith("mooncake"):
+        return MOONCAKE
+    raise SystemExit(f"bench_versus: unknown case {case!r}")
+
+
+def run_in(tree: Path, case: str, window_s: float, scratch: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    if case.endswith("-process"):
+        out_dir = scratch / f"run-{time.monotonic_ns()}"
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "from rackSim.cli import run; run()",
+                        *overrides(case, window_s), f"hydra.run.dir={out_dir}",
+                        "progress=false"], env=env, cwd=ROOT, check=True,
+                       capture_output=True)
+        wall = time.perf_counter() - t0
+        shutil.rmtree(out_dir, ignore_errors=True)
+        return {"wall_s": wall}
+    child = subprocess.run([sys.executable, "-c", CHILD,
+                            json.dumps(overrides(case, window_s))],
+                           env=env, cwd=ROOT, capture_output=True, text=True)
+    if child.returncode:
+        sys.exit(f"bench_versus: {case} failed in {tree}:\n{child.stderr}")
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def spread(values: list[float]) -> str:
+    return (f"{statistics.median(values):,.2f} [{min(values):,.2f}-{max(values):,.2f}]"
+            if values else "-")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", required=True, help="git revision to compare against")
+    ap.add_argument("--cases", nargs="+", default=["reference", "mooncake"],
+                    choices=["reference", "fleet", "mooncake", "mooncake-process"])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--window-s", type=float, default=300.0,
+                    help="measurement window of the reference and fleet cases (sim s)")
+    args = ap.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="bench_versus-"))
+    base = scratch / "base"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base),
+                    args.base], check=True)
+    try:
+        for case in args.cases:
+            runs: dict[str, list[dict]] = {"base": [], "this": []}
+            for i in range(args.repeat):
+                order = [("base", base), ("this", ROOT)]
+                for name, tree in order if i % 2 == 0 else order[::-1]:
+                    runs[name].append(run_in(tree, case, args.window_s, scratch))
+                    print(f"{case} {name} #{i + 1}: {runs[name][-1]}", flush=True)
+            key = "wall_s" if case.endswith("-process") else "cpu_s"
+            for name in ("base", "this"):
+                r = runs[name]
+                line = f"{case:>17} {name:>4}: {key} {spread([x[key] for x in r])}"
+                if key == "cpu_s":
+                    line += (f", events {r[0]['events']:,}, us/event "
+                             f"{spread([x['cpu_s'] / x['events'] * 1e6 for x in r])}, "
+                             f"peak MB {spread([x['peak_mb'] for x in r])}")
+                print(line)
+            ratios = [b[key] / t[key] for b, t in zip(runs["base"], runs["this"], strict=True)]
+            print(f"{case:>17} base / this: {spread(ratios)}x")
+            if key == "cpu_s":
+                same = {x["hash"] for x in runs["base"] + runs["this"]}
+                print(f"{case:>17} same records and steps: {'yes' if len(same) == 1 else 'NO'}")
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
+                       check=False)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
