@@ -15,6 +15,11 @@ per event.
 
 Run: `python benchmarks/bench_fleet.py [--racks 1 14] [--layout fleet_full_rack]
 [--window-s 60] [--warmup-requests 1] [hydra overrides...]`.
+
+`--curve UNTIL_S` instead runs each fleet to UNTIL_S simulated seconds and prints its CPU per
+event per `--chunk-s` chunk of simulated time, and, for the chunk starting at `--calls-at`,
+the Python calls per event (that chunk runs under cProfile, its CPU is not compared): whether
+a growth in CPU per event is more work per event or the same work getting slower.
 """
 
 from __future__ import annotations
@@ -35,19 +40,25 @@ COLS = ("layout", "racks", "gpus", "concurrency", "setup_s", "sim_s", "wall_s", 
         "peak_rss_mb")
 
 
-def one(layout: str | None, racks: int, window_s: float, warmup: int,
-        overrides: list[str]) -> dict:
-    """Simulate `racks` racks of `layout` (None: the reference) in this process at the
-    reference's clients per GPU, and measure it."""
+def fleet_config(layout: str | None, racks: int, window_s: float, warmup: int,
+                 overrides: list[str]):
+    """`racks` racks of `layout` (None: the reference) at the reference's clients per GPU."""
     ref = compose_scenario(overrides)
     per_gpu = ref.workload.replay.concurrency / ref.deployment.num_gpus
     dep = [f"deployment={layout}"] if layout else []
     gpus = compose_scenario([*overrides, *dep, f"deployment.racks={racks}"]).deployment.num_gpus
-    cfg = compose_scenario([*overrides, *dep, f"deployment.racks={racks}",
-                            f"workload.replay.concurrency={round(per_gpu * gpus)}",
-                            f"workload.replay.window_s={window_s}",
-                            f"workload.replay.warmup_requests_per_lane={warmup}",
-                            "progress=false"])
+    return compose_scenario([*overrides, *dep, f"deployment.racks={racks}",
+                             f"workload.replay.concurrency={round(per_gpu * gpus)}",
+                             f"workload.replay.window_s={window_s}",
+                             f"workload.replay.warmup_requests_per_lane={warmup}",
+                             "progress=false"])
+
+
+def one(layout: str | None, racks: int, window_s: float, warmup: int,
+        overrides: list[str]) -> dict:
+    """Simulate `racks` racks of `layout` (None: the reference) in this process at the
+    reference's clients per GPU, and measure it."""
+    cfg = fleet_config(layout, racks, window_s, warmup, overrides)
     t0 = time.perf_counter()
     sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
     setup = time.perf_counter() - t0
@@ -65,6 +76,41 @@ def one(layout: str | None, racks: int, window_s: float, warmup: int,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def curve(layout: str, racks: int, until_s: float, chunk_s: float, calls_at: float | None,
+          warmup: int, overrides: list[str]) -> None:
+    """Print, per chunk of simulated time, the CPU per event of `racks` racks of `layout` at
+    the reference's clients per GPU (JSON lines); one chunk under cProfile counts calls."""
+    import cProfile
+    import gc
+    import pstats
+
+    cfg = fleet_config(layout, racks, until_s, warmup, overrides)
+    sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
+    env = sim.env
+    gc.disable()  # as Simulation.run does
+    sim.clients.start()
+    while env.now < until_s:
+        c0, e0, t0 = time.process_time(), env.events_scheduled, env.now
+        profiled = calls_at is not None and t0 <= calls_at < t0 + chunk_s
+        prof = cProfile.Profile() if profiled else None
+        if prof:
+            if env.now < calls_at:
+                env.run(until=calls_at)
+            c0, e0, t0 = time.process_time(), env.events_scheduled, env.now
+            prof.enable()
+        env.run(until=min(t0 + chunk_s, until_s))
+        row = {"racks": racks, "t_s": round(env.now), "events": env.events_scheduled - e0}
+        if prof:
+            prof.disable()
+            calls = sum(v[1] for v in pstats.Stats(prof).stats.values())
+            row["calls_per_event"] = round(calls / max(row["events"], 1), 2)
+        else:
+            row["cpu_us_per_event"] = round((time.process_time() - c0)
+                                            / max(row["events"], 1) * 1e6, 2)
+        row["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,13 +118,28 @@ def main() -> None:
     ap.add_argument("--layout", default="fleet_full_rack", help="scenarios/deployment option")
     ap.add_argument("--window-s", type=float, default=30.0, help="measurement window (sim s)")
     ap.add_argument("--warmup-requests", type=int, default=1, help="warm-up requests per lane")
+    ap.add_argument("--curve", type=float, metavar="UNTIL_S",
+                    help="print CPU per event per chunk of simulated time up to UNTIL_S")
+    ap.add_argument("--chunk-s", type=float, default=60.0, help="chunk of --curve (sim s)")
+    ap.add_argument("--calls-at", type=float, help="--curve: count Python calls per event "
+                    "in the chunk starting at this simulated second")
     ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # child: LAYOUT RACKS
+    ap.add_argument("--curve-one", help=argparse.SUPPRESS)  # child of --curve (JSON args)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the reference scenario")
     args = ap.parse_args()
+    if args.curve_one is not None:
+        curve(*json.loads(args.curve_one))
+        return
     if args.one is not None:
         layout = None if args.one[0] == "-" else args.one[0]
         print(json.dumps(one(layout, int(args.one[1]), args.window_s, args.warmup_requests,
                              args.overrides)))
+        return
+    if args.curve is not None:
+        for racks in args.racks:  # one process at a time, so that neither slows the other
+            subprocess.run([sys.executable, __file__, "--curve-one", json.dumps(
+                [args.layout, racks, args.curve, args.chunk_s, args.calls_at,
+                 args.warmup_requests, args.overrides])], check=True)
         return
     print(" ".join(f"{c:>16}" for c in COLS), flush=True)
     rows = []

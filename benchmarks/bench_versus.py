@@ -3,12 +3,12 @@
 Checks out `--base` (a git revision) into a temporary worktree and runs each case in both
 trees, alternating which goes first, `--repeat` times. Each run is a child process with only
 that tree's rackSim on its path (and the project directory as its working directory, so that
-paths such as the traces' resolve the same way). Per tree it reports the median and range over the repeats of:
-CPU seconds of the event loop (`Simulation.run`), events, peak resident memory and, for the
-`process` cases, the wall time of the whole `racksim` command (start to exit, outputs
-written). Then the ratio base / this tree (the median of the per-repeat ratios, with their
-range), and whether both trees produced the same request and step tables (a hash of both
-frames): a speed change must not change results.
+paths such as the traces' resolve the same way). Per tree it reports the median and range
+over the repeats of: CPU seconds of the event loop (`Simulation.run`), events, peak resident
+memory and, for the `process` cases, the wall time of the whole `racksim` command (start to
+exit, outputs written). Then the ratio base / this tree (the median of the per-repeat
+ratios, with their range), and whether both trees produced the same request and step tables
+(a hash of both frames): a speed change must not change results.
 
 Cases: `reference` (the reference scenario, `--window-s` of window), `fleet` (14 full racks of
 `fleet_full_rack` at the reference per-GPU load), `mooncake` (the Mooncake conversation trace,
