@@ -167,6 +167,8 @@ class RequestLog:
             yield RequestRecord(*values)
 
     def __getitem__(self, i: int) -> RequestRecord:
+        """The `i`-th record sent: the live one while open, else rebuilt (O(records): iterate
+        or read `columns()` to go through many)."""
         rec = self._recs[i]
         if rec is not None:
             return rec

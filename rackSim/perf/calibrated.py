@@ -51,7 +51,7 @@ _PROFILES: dict[tuple[str, int, int], Profile] = {}
 
 def load_profile(cfg: RunConfig) -> Profile:
     """The scenario's profile, read once per file version: a fleet has one step model per
-    instance (210 in 14 full racks), and parsing the YAML for each took ~14 s. Step models
+    instance (210 in 14 full racks), and parsing the YAML for each took 9-14 s. Step models
     only read their profile."""
     if cfg.perf.profile is None:
         raise ValueError("perf.profile: the calibrated model needs a profile")
