@@ -3,7 +3,9 @@
 Checks out `--base` (a git revision) into a temporary worktree and runs each case in both
 trees, alternating which goes first, `--repeat` times. Each run is a child process with only
 that tree's rackSim on its path (and the project directory as its working directory, so that
-paths such as the traces' resolve the same way). Per tree it reports the median and range
+paths such as the traces' resolve the same way; `python -P`, or `-c` would put the working
+directory, and with it this tree's rackSim, ahead of the base's); before it runs, each tree is
+checked to import its own rackSim. Per tree it reports the median and range
 over the repeats of: CPU seconds of the event loop (`Simulation.run`), events, peak resident
 memory and, for the `process` cases, the wall time of the whole `racksim` command (start to
 exit, outputs written). Then the ratio base / this tree (the median of the per-repeat
@@ -73,19 +75,28 @@ def overrides(case: str, window_s: float) -> list[str]:
     raise SystemExit(f"bench_versus: unknown case {case!r}")
 
 
+def check_imports_own(tree: Path) -> None:
+    """Stop unless a child run on `tree` imports rackSim from `tree`."""
+    got = subprocess.run([sys.executable, "-P", "-c", "import rackSim; print(rackSim.__file__)"],
+                         env={**os.environ, "PYTHONPATH": str(tree)}, cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    if not Path(got).resolve().is_relative_to(tree.resolve()):
+        sys.exit(f"bench_versus: a run on {tree} imports rackSim from {got}")
+
+
 def run_in(tree: Path, case: str, window_s: float, scratch: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     if case.endswith("-process"):
         out_dir = scratch / f"run-{time.monotonic_ns()}"
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "from rackSim.cli import run; run()",
+        subprocess.run([sys.executable, "-P", "-c", "from rackSim.cli import run; run()",
                         *overrides(case, window_s), f"hydra.run.dir={out_dir}",
                         "progress=false"], env=env, cwd=ROOT, check=True,
                        capture_output=True)
         wall = time.perf_counter() - t0
         shutil.rmtree(out_dir, ignore_errors=True)
         return {"wall_s": wall}
-    child = subprocess.run([sys.executable, "-c", CHILD,
+    child = subprocess.run([sys.executable, "-P", "-c", CHILD,
                             json.dumps(overrides(case, window_s))],
                            env=env, cwd=ROOT, capture_output=True, text=True)
     if child.returncode:
@@ -113,6 +124,8 @@ def main() -> None:
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base),
                     args.base], check=True)
     try:
+        check_imports_own(base)
+        check_imports_own(ROOT)
         for case in args.cases:
             runs: dict[str, list[dict]] = {"base": [], "this": []}
             for i in range(args.repeat):
