@@ -33,6 +33,7 @@ from operator import add, mul
 
 import simpy
 
+from rackSim.engine.clock import wake_at
 from rackSim.engine.prefix_cache import BlockCache
 from rackSim.engine.request import Job
 from rackSim.metrics.histogram import LatencyHistogram
@@ -120,9 +121,10 @@ class DecodeInstance:
             self._wake = None
 
     # -- the step loop ---------------------------------------------------------------------
-    def _admit(self) -> tuple[list[Job], float, int, tuple[tuple[int, int, int], ...]]:
-        """Admit ready requests, FIFO; each DP rank's scheduler admits at most `load_cap` new
-        KV loads per step. Returns (admitted jobs, pull stall in ms, their prompt tokens, per
+    def _admit(self, now: float
+               ) -> tuple[list[Job], float, int, tuple[tuple[int, int, int], ...]]:
+        """Admit ready requests, FIFO, to the step starting at `now` (s); each DP rank's
+        scheduler admits at most `load_cap` new KV loads per step. Returns (admitted jobs, pull stall in ms, their prompt tokens, per
         admitting rank (requests, prompt tokens, KV blocks received))."""
         ready = self.ready
         admitted: list[Job] = []
@@ -135,7 +137,7 @@ class DecodeInstance:
         skipped: list[Job] = []
         max_skipped = 4 * self.ranks
         n_req, caches, enter = self.n_req, self.caches, self._enter
-        max_seqs, step, now = self.max_seqs, self.step, self.env.now
+        max_seqs, step = self.max_seqs, self.step
         while ready and len(admitted) < limit:
             job = ready.popleft()
             r = job.decode_rank
@@ -237,23 +239,32 @@ class DecodeInstance:
         self.step += 1
 
     def _loop(self):
+        """The step loop. A step yields to SimPy only when something else could happen
+        before it ends (the next event in the queue is due by then) or when it retires
+        requests (their completion releases other work at its end); otherwise its end is
+        handled at once and the next step starts from it (`clock`), without an event. Every
+        step thus sees what it would have seen as its own timeout, to the bit: nothing else
+        runs in between, and its start is the previous end."""
         env, a, draft_tokens = self.env, self.a, self.draft_tokens
         model, on_step, name = self.model, self.on_step, self.name
-        running, ready, n_req = self.running, self.ready, self.n_req
-        timeout, emit, advance = env.timeout, self._emit, self._advance
+        running, ready, n_req, finish = self.running, self.ready, self.n_req, self._finish
+        peek, emit, advance = env.peek, self._emit, self._advance
         no_jobs: list[Job] = []
         no_ranks: tuple[tuple[int, int, int], ...] = ()
+        clock = env.now
         while True:
             if not running and not ready:
                 self._wake = env.event()
                 yield self._wake
+                clock = env.now
             if ready:
-                admitted, stall_ms, prompt_tokens, by_rank = self._admit()
+                admitted, stall_ms, prompt_tokens, by_rank = self._admit(clock)
             else:
                 admitted, stall_ms, prompt_tokens, by_rank = no_jobs, 0.0, 0, no_ranks
             if not running:  # every ready request is blocked: wait for a change
                 self._wake = env.event()
                 yield self._wake
+                clock = env.now
                 continue
             step = self.step
             n_admitted = len(admitted)
@@ -262,15 +273,16 @@ class DecodeInstance:
             cost = model.decode_step(batch)
             if stall_ms > 0:
                 cost = cost.with_kv_stall(stall_ms)
-            start = env.now
             dur = cost.total_ms / 1e3
-            yield timeout(dur)
-            end = env.now
+            end = clock + dur
+            if end >= peek() or step in finish:
+                yield wake_at(env, end)
             n_running = len(running)
             emitted, retiring = emit(step, admitted, dur, end)
-            on_step(name, step, start, cost, 0, 0, n_running, emitted, sum(self.ctx),
+            on_step(name, step, clock, cost, 0, 0, n_running, emitted, sum(self.ctx),
                     n_admitted)
             advance(end, retiring)
+            clock = end
 
     def _trace(self, end: float) -> None:
         """Every running request's token times (tests and small runs only: O(batch))."""
