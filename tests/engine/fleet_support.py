@@ -1,5 +1,5 @@
-"""Helpers of the fleet and colocated invariant tests: a small synthetic workload, the
-hypothesis depth, and one simulation run."""
+"""Helpers of the engine, fleet and colocated invariant tests: a small synthetic workload,
+the hypothesis depth, one simulation run, and the checks that two runs agree."""
 
 from __future__ import annotations
 
@@ -28,3 +28,34 @@ def assert_same_run_twice(cfg) -> None:
     assert [r.as_row() for r in a.requests] == [r.as_row() for r in b.requests]
     assert a.steps == b.steps
     assert (a.itl.weights == b.itl.weights).all()
+
+
+TICK_S = 0.5e-3  # shorter than any decode step (checked by the assertion below)
+
+
+def _ticking(env, ticks: list[int]):
+    """A process that only wakes every TICK_S (counting its timeouts in `ticks`)."""
+    while True:
+        ticks[0] += 1
+        yield env.timeout(TICK_S)
+
+
+def assert_same_with_an_event_in_every_step(cfg, sessions=None) -> tuple:
+    """A decode instance runs the steps before the next event without yielding to SimPy
+    (engine/decode.py). With an unrelated event inside every step none can, so each step
+    becomes its own event: `cfg` must give the same records, step rows and ITL histogram to
+    the bit both ways, and never fewer events with the ticks. Returns (output without ticks,
+    output with them, the ticks' events)."""
+    sessions = sessions or load_sessions(cfg.workload, cfg.seed)
+    fused = Simulation(cfg, sessions).run(progress=False)
+    sim = Simulation(cfg, sessions)
+    ticks = [0]
+    sim.env.process(_ticking(sim.env, ticks))
+    ticked = sim.run(progress=False)
+    n_ticks = ticks[0] + 1  # and the process's start
+    assert min(s[3] for s in ticked.steps if s[0].startswith("decode")) > TICK_S * 1e3
+    assert [r.as_row() for r in fused.requests] == [r.as_row() for r in ticked.requests]
+    assert fused.steps == ticked.steps
+    assert (fused.itl.weights == ticked.itl.weights).all()
+    assert fused.events <= ticked.events - n_ticks
+    return fused, ticked, n_ticks

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fleet_support import DEEP, SMALL_SYNTHETIC, assert_same_with_an_event_in_every_step
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,8 +26,6 @@ from rackSim.config import compose_scenario, with_changes
 from rackSim.engine.simulation import CHUNK_S, Simulation
 from rackSim.workload.jsonl import save_jsonl
 from rackSim.workload.sources import load_sessions
-
-DEEP = settings.default.max_examples >= 1000  # HYPOTHESIS_PROFILE=deep (tests/conftest.py)
 
 scenarios = st.fixed_dictionaries({
     "concurrency": st.integers(1, 10),
@@ -42,12 +41,6 @@ scenarios = st.fixed_dictionaries({
     "source": st.sampled_from(["synthetic", "agentx", "jsonl"]),
     "host_offload": st.booleans(),
 })
-
-SMALL_SYNTHETIC = {"turns_mean": 4, "first_prompt_tokens_mean": 3000,
-                   "new_tokens_per_turn_mean": 500, "output_tokens_mean": 40,
-                   "tool_delay_s_mean": 0.5, "subagent_prob": 0.5, "subagent_fanout_max": 3,
-                   "subagent_turns_mean": 2, "max_context_tokens": 131072}
-
 
 def _cfg(base, p, pool_dir: Path | None = None):
     source = p["source"]
@@ -176,56 +169,21 @@ def test_same_seed_same_result(smoke_cfg, tmp_path, p):
     assert (a.itl.weights == b.itl.weights).all()
 
 
-TICK_S = 0.5e-3  # shorter than any decode step (checked below)
-
-
-def _ticking(env, ticks: list[int]):
-    """A process that only wakes every TICK_S (counting its timeouts in `ticks`): an event
-    inside every decode step, so that no step can run without one."""
-    while True:
-        ticks[0] += 1
-        yield env.timeout(TICK_S)
-
-
-def _ticked_run(cfg, sessions):
-    """`cfg` run with a tick inside every step: (output, the ticks' events)."""
-    sim = Simulation(cfg, sessions)
-    ticks = [0]
-    sim.env.process(_ticking(sim.env, ticks))
-    out = sim.run(progress=False)
-    return out, ticks[0] + 1  # and the process's start
-
-
 @settings(max_examples=1000 if DEEP else 8, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(p=scenarios)
 def test_steps_run_without_events_as_they_would_with_one_each(smoke_cfg, tmp_path, p):
-    """A decode instance runs the steps before the next event without yielding to SimPy
-    (engine/decode.py). With an unrelated event inside every step none can, so each step
-    becomes its own event: the records, steps and ITL histogram must be the same to the
-    bit, and never with fewer events."""
-    cfg = _cfg(smoke_cfg, p, tmp_path)
-    sessions = load_sessions(cfg.workload, cfg.seed)
-    fused = _run(cfg, sessions)[1]
-    ticked, ticks = _ticked_run(cfg, sessions)
-    assert min(s[3] for s in ticked.steps if s[0] == "decode") > TICK_S * 1e3
-    assert [r.as_row() for r in fused.requests] == [r.as_row() for r in ticked.requests]
-    assert fused.steps == ticked.steps
-    assert (fused.itl.weights == ticked.itl.weights).all()
-    assert fused.events <= ticked.events - ticks
+    assert_same_with_an_event_in_every_step(_cfg(smoke_cfg, p, tmp_path))
 
 
 def test_a_lone_agent_decodes_with_few_events(smoke_cfg):
     """One client: while a request decodes nothing else happens, so its steps run without
     events (one per request and step with a tick in every step)."""
     cfg = with_changes(smoke_cfg, workload={"replay": {"concurrency": 1, "window_s": 30.0}})
-    sessions = load_sessions(cfg.workload, cfg.seed)
-    fused = _run(cfg, sessions)[1]
-    ticked, ticks = _ticked_run(cfg, sessions)
+    fused, ticked, ticks = assert_same_with_an_event_in_every_step(cfg)
     decode_steps = sum(1 for s in fused.steps if s[0] == "decode")
     assert decode_steps > 20 * len(fused.requests)
     assert fused.events < 0.2 * (ticked.events - ticks)
-    assert fused.steps == ticked.steps
 
 
 def test_different_seed_differs(smoke_cfg):

@@ -11,7 +11,13 @@ import math
 from collections import defaultdict
 
 import pytest
-from fleet_support import DEEP, SMALL_SYNTHETIC, assert_same_run_twice, run_sim
+from fleet_support import (
+    DEEP,
+    SMALL_SYNTHETIC,
+    assert_same_run_twice,
+    assert_same_with_an_event_in_every_step,
+    run_sim,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -128,3 +134,12 @@ def test_fleet_invariants(smoke_cfg, p):
 @given(p=fleets)
 def test_same_seed_same_fleet_result(smoke_cfg, p):
     assert_same_run_twice(_cfg(smoke_cfg, p))
+
+
+@settings(max_examples=1000 if DEEP else 5, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(p=fleets)
+def test_fleet_steps_run_without_events_as_they_would_with_one_each(smoke_cfg, p):
+    """Several decode instances: each runs its steps without events only until the next
+    event of any other (engine/decode.py)."""
+    assert_same_with_an_event_in_every_step(_cfg(smoke_cfg, p))
