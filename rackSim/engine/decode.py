@@ -80,6 +80,7 @@ class DecodeInstance:
         self.load = [0] * ranks     # n_req + pending, kept up to date (rank choice)
         self.free_slots = ranks * max_seqs_per_rank  # minus sum(load), kept up to date
         self.ctx = [0.0] * ranks
+        self._active: set[int] = set()  # ranks with running requests (ctx 0.0 elsewhere)
         self.running: dict[int, Job] = {}
         self._finish: dict[int, list[Job]] = {}
         self.step = 0
@@ -124,8 +125,9 @@ class DecodeInstance:
     def _admit(self, now: float
                ) -> tuple[list[Job], float, int, tuple[tuple[int, int, int], ...]]:
         """Admit ready requests, FIFO, to the step starting at `now` (s); each DP rank's
-        scheduler admits at most `load_cap` new KV loads per step. Returns (admitted jobs, pull stall in ms, their prompt tokens, per
-        admitting rank (requests, prompt tokens, KV blocks received))."""
+        scheduler admits at most `load_cap` new KV loads per step. Returns (admitted jobs,
+        pull stall in ms, their prompt tokens, per admitting rank (requests, prompt tokens,
+        KV blocks received))."""
         ready = self.ready
         admitted: list[Job] = []
         # rank -> [requests, prompt tokens, blocks, bytes, remote blocks, remote bytes]
@@ -192,6 +194,8 @@ class DecodeInstance:
             self._finish[last] = [job]
         else:
             retiring.append(job)
+        if not self.n_req[r]:
+            self._active.add(r)
         self.n_req[r] += 1
         self.pending[r] -= 1
         self.ctx[r] += job.prompt_tokens
@@ -233,7 +237,13 @@ class DecodeInstance:
     def _advance(self, end: float, retiring: Iterable[Job]) -> None:
         """After a step's row is written: contexts grow by `a` per running request, and the
         requests at their last step (`retiring`, from `_emit`) retire."""
-        self.ctx = list(map(add, self.ctx, map(mul, repeat(self.a), self.n_req)))
+        active, a = self._active, self.a
+        if 2 * len(active) < self.ranks:  # few busy ranks (light load): only theirs grow
+            ctx, n_req = self.ctx, self.n_req
+            for r in active:
+                ctx[r] += a * n_req[r]
+        else:
+            self.ctx = list(map(add, self.ctx, map(mul, repeat(a), self.n_req)))
         for job in retiring:
             self._retire(job, end)
         self.step += 1
@@ -300,6 +310,7 @@ class DecodeInstance:
         self.free_slots += 1
         if n_req[r] == 0:
             ctx[r] = 0.0
+            self._active.discard(r)
         else:
             ctx[r] -= job.prompt_tokens + self.a * job.steps
         del self.running[id(job)]

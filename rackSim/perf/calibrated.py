@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import compress
 from pathlib import Path
 
 from rackSim.config.specs import RunConfig
@@ -481,9 +482,7 @@ class CalibratedStepModel:
         a = self.attn
         linear = self._linear_context
         worst, wr, wc = -1.0, 0, 0.0
-        for r, c in zip(reqs, ctxs, strict=True):
-            if r <= 0:
-                continue
+        for r, c in compress(zip(reqs, ctxs, strict=True), reqs):  # ranks with requests
             if c >= linear * r:
                 v = alpha * r + beta * c
             else:
