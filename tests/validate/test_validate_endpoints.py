@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import http.server
+import os
+import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 
 from rackSim.validate.command import EXIT_BAD_INPUT, EXIT_ENDPOINT, main
 from rackSim.validate.driver import DriverSettings, run_driver
 from rackSim.validate.scrape import EndpointError
-from rackSim.validate.server import free_port
+from rackSim.validate.server import (
+    ENGINE_CORE,
+    ServerSettings,
+    free_port,
+    renice_group,
+    start_server,
+)
 from rackSim.validate.workloads import cpu_tiny_workload
 from rackSim.workload.sources import load_sessions
 
@@ -65,3 +74,45 @@ def test_command_exit_codes(plain_http, tmp_path, capsys):
     assert main(["run", "--endpoint", plain_http, "--out", str(tmp_path / "d"),
                  "--resume"]) == EXIT_BAD_INPUT
     assert "--resume" in capsys.readouterr().err
+
+
+def test_renice_group_finds_the_named_processes_of_a_group_only():
+    """`--engine-nice` renices the server's engine core: the processes of the server's group
+    with that name, and no other (a child in its own session stands in for the server)."""
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert renice_group(child.pid, "sleep", 7) == [child.pid]
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == 7
+        assert renice_group(child.pid, "VLLM::EngineCor", 9) == []  # no such name there
+        assert renice_group(os.getpgrp(), "sleep", 9) == []  # not in this test's group
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == 7
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_engine_nice_out_of_range_is_refused(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--engine-nice", "25", "--work-dir", str(tmp_path)])
+    assert exc.value.code == EXIT_BAD_INPUT
+    assert "--engine-nice" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_server_started_with_engine_nice_has_its_engine_core_reniced(tmp_path):
+    server = start_server(tmp_path, ServerSettings(model="tiny-dense", engine_nice=5))
+    try:
+        engine = [pid for pid in _session(server.proc.pid)
+                  if Path(f"/proc/{pid}/comm").read_text().startswith(ENGINE_CORE)]
+        assert len(engine) == 1
+        assert os.getpriority(os.PRIO_PROCESS, engine[0]) == 5
+        assert os.getpriority(os.PRIO_PROCESS, server.proc.pid) == 0  # the API server is not
+    finally:
+        server.stop()
+
+
+def _session(sid: int) -> list[int]:
+    """Pids of session `sid` (the server starts its own)."""
+    out = subprocess.run(["ps", "-o", "pid=", "-s", str(sid)], capture_output=True,
+                         text=True, check=True).stdout
+    return [int(p) for p in out.split()]
