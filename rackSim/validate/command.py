@@ -1,6 +1,7 @@
 """`racksim-validate`: drive real vLLM servers, ingest what they report, fit, compare.
 
     racksim-validate serve   [--model tiny-moe|tiny-dense|DIR] [--port P] [--work-dir D]
+                             [--engine-nice 0-19]
     racksim-validate run     --endpoint URL [--endpoint URL2] --out RUN [--concurrency N ...]
     racksim-validate ingest  (--run RUN | --log SERVER.LOG | --bench BENCH.json) --out DIR
     racksim-validate fit     --run RUN [--log SERVER.LOG] --out PROFILE.yaml
