@@ -40,15 +40,20 @@ COLS = ("layout", "racks", "gpus", "concurrency", "setup_s", "sim_s", "wall_s", 
         "peak_rss_mb")
 
 
+def fleet_overrides(layout: str | None, racks: int, overrides: list[str]) -> list[str]:
+    """Overrides for `racks` racks of `layout` (None: the reference) at the reference's
+    clients per GPU."""
+    ref = compose_scenario(overrides)
+    per_gpu = ref.workload.replay.concurrency / ref.deployment.num_gpus
+    dep = [*overrides, *([f"deployment={layout}"] if layout else []), f"deployment.racks={racks}"]
+    gpus = compose_scenario(dep).deployment.num_gpus
+    return [*dep, f"workload.replay.concurrency={round(per_gpu * gpus)}"]
+
+
 def fleet_config(layout: str | None, racks: int, window_s: float, warmup: int,
                  overrides: list[str]):
     """`racks` racks of `layout` (None: the reference) at the reference's clients per GPU."""
-    ref = compose_scenario(overrides)
-    per_gpu = ref.workload.replay.concurrency / ref.deployment.num_gpus
-    dep = [f"deployment={layout}"] if layout else []
-    gpus = compose_scenario([*overrides, *dep, f"deployment.racks={racks}"]).deployment.num_gpus
-    return compose_scenario([*overrides, *dep, f"deployment.racks={racks}",
-                             f"workload.replay.concurrency={round(per_gpu * gpus)}",
+    return compose_scenario([*fleet_overrides(layout, racks, overrides),
                              f"workload.replay.window_s={window_s}",
                              f"workload.replay.warmup_requests_per_lane={warmup}",
                              "progress=false"])

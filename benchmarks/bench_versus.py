@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_fleet import fleet_overrides  # benchmarks/ is on the path when run as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ["workload=mooncake_conversation", "workload.replay.window_s=3600",
             "workload.replay.warmup_s=0", "workload.replay.drain_s=600"]
@@ -66,9 +68,7 @@ def overrides(case: str, window_s: float) -> list[str]:
     if case == "reference":
         return [f"workload.replay.window_s={window_s}"]
     if case == "fleet":
-        ref_clients, ref_gpus, gpus = 400, 48, 14 * 72
-        return ["deployment=fleet_full_rack", "deployment.racks=14",
-                f"workload.replay.concurrency={round(ref_clients / ref_gpus * gpus)}",
+        return [*fleet_overrides("fleet_full_rack", 14, []),
                 f"workload.replay.window_s={window_s}"]
     if case.startswith("mooncake"):
         return MOONCAKE
