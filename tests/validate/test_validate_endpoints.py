@@ -6,16 +6,26 @@ import http.server
 import os
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from rackSim.validate.command import EXIT_BAD_INPUT, EXIT_ENDPOINT, main
-from rackSim.validate.driver import DriverSettings, run_driver
+from rackSim.validate import driver
+from rackSim.validate.command import EXIT_BAD_INPUT, EXIT_ENDPOINT, EXIT_OK, main
+from rackSim.validate.driver import (
+    DRIVER_WAIT_LIMIT,
+    DriverOutcome,
+    DriverSettings,
+    driver_wait_share,
+    run_driver,
+    thread_cpu_s,
+)
 from rackSim.validate.scrape import EndpointError
 from rackSim.validate.server import (
     ENGINE_CORE,
     ServerSettings,
+    deprioritize,
     free_port,
     renice_group,
     start_server,
@@ -91,22 +101,85 @@ def test_renice_group_finds_the_named_processes_of_a_group_only():
         child.wait()
 
 
-def test_engine_nice_out_of_range_is_refused(capsys, tmp_path):
+def _autogroup_nice(pid: int) -> int | None:
+    """The niceness of `pid`'s autogroup ("/autogroup-N nice K"); None without autogroups."""
+    path = Path(f"/proc/{pid}/autogroup")
+    return int(path.read_text().split()[-1]) if path.exists() else None
+
+
+def test_deprioritize_sets_the_process_and_its_session_autogroup():
+    """`--server-nice`: the server's process (so the children it starts later) and its
+    session's autogroup, not the caller's (a child in its own session stands in)."""
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    mine = _autogroup_nice(os.getpid())
+    try:
+        deprioritize(child.pid, 6)
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == 6
+        assert _autogroup_nice(child.pid) in (6, None)
+        assert _autogroup_nice(os.getpid()) == mine and os.getpriority(os.PRIO_PROCESS, 0) == 0
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize("flag", ["--engine-nice", "--server-nice"])
+def test_nice_out_of_range_is_refused(capsys, tmp_path, flag):
     with pytest.raises(SystemExit) as exc:
-        main(["serve", "--engine-nice", "25", "--work-dir", str(tmp_path)])
+        main(["serve", flag, "25", "--work-dir", str(tmp_path)])
     assert exc.value.code == EXIT_BAD_INPUT
-    assert "--engine-nice" in capsys.readouterr().err
+    assert flag in capsys.readouterr().err
+
+
+def test_the_driver_thread_cpu_and_wait_are_read_from_the_kernel():
+    before = thread_cpu_s()
+    if before is None:
+        pytest.skip("this kernel keeps no schedstat")
+    t_end = time.thread_time() + 0.05
+    while time.thread_time() < t_end:  # 50 ms on a CPU
+        pass
+    after = thread_cpu_s()
+    assert after[0] - before[0] >= 0.045 and after[1] >= before[1] >= 0
+
+
+def test_driver_wait_share_of_a_segment():
+    seg = {"start_s": 1.0, "end_s": 21.0, "driver_cpu_s": 3.0, "driver_wait_s": 8.0}
+    assert driver_wait_share(seg) == pytest.approx(0.4)
+    assert driver_wait_share({**seg, "driver_wait_s": None}) is None
+    assert driver_wait_share({"start_s": 0.0, "end_s": 5.0}) is None  # older run.json
+
+
+@pytest.mark.parametrize("wait_s,warned", [(8.0, True), (0.2, False)])
+def test_run_says_when_the_driver_waited_for_a_cpu(monkeypatch, tmp_path, capsys, wait_s,
+                                                   warned):
+    """The summary names a driver that waited for a CPU beyond DRIVER_WAIT_LIMIT of the run
+    (the run itself is replaced: only the summary is under test)."""
+    seg = {"start_s": 0.0, "end_s": 20.0, "driver_cpu_s": 2.0, "driver_wait_s": wait_s}
+    assert (wait_s / 20.0 > DRIVER_WAIT_LIMIT) == warned
+
+    def fake_run(_sessions, _settings, out):
+        return DriverOutcome(out, 10, 0, 0, "window", 0.0, 20.0, out / "records.jsonl",
+                             {"segments": [seg], "probe": {}})
+
+    monkeypatch.setattr(driver, "run_driver", fake_run)
+    assert main(["run", "--endpoint", f"http://127.0.0.1:{free_port()}",
+                 "--out", str(tmp_path / "r")]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert ("the driver waited for a CPU 40% of the run" in out) == warned
 
 
 @pytest.mark.slow
-def test_a_server_started_with_engine_nice_has_its_engine_core_reniced(tmp_path):
-    server = start_server(tmp_path, ServerSettings(model="tiny-dense", engine_nice=5))
+def test_a_local_server_runs_niced_and_its_engine_core_more_so(tmp_path):
+    server = start_server(tmp_path, ServerSettings(model="tiny-dense", server_nice=3,
+                                                   engine_nice=5))
     try:
-        engine = [pid for pid in _session(server.proc.pid)
+        pids = _session(server.proc.pid)
+        engine = [pid for pid in pids
                   if Path(f"/proc/{pid}/comm").read_text().startswith(ENGINE_CORE)]
         assert len(engine) == 1
-        assert os.getpriority(os.PRIO_PROCESS, engine[0]) == 5
-        assert os.getpriority(os.PRIO_PROCESS, server.proc.pid) == 0  # the API server is not
+        assert os.getpriority(os.PRIO_PROCESS, engine[0]) == 3 + 5
+        others = [os.getpriority(os.PRIO_PROCESS, p) for p in pids if p not in engine]
+        assert others and set(others) == {3}  # the API server and the worker it started
+        assert _autogroup_nice(server.proc.pid) in (3, None)
     finally:
         server.stop()
 

@@ -7,20 +7,22 @@ Stated tolerances (errors are (predicted - measured) / measured):
 - a profile fitted at concurrency 6 predicts concurrency 2: throughput within 50 % from the
   iteration-log profile and from the black-box profile (records only, overheads refined by
   simulating the fitting run); the iteration-log ITL P50 within a factor of 2, the
-  iteration-log TTFT P50 and the black-box ITL P50 within a factor of 2.5: they move with CPU
-  contention between the server, its API process and the client on two cores, which the
-  colocated model does not yet price (the API server is not modelled). On the CI machine the
-  iteration-log ITL P50 once came out at +51 % (measured 6.7 ms at concurrency 2 against a
-  predicted 10.2 ms), outside the 50 % this test first asserted. The black-box TTFT P50 is
+  iteration-log TTFT P50 and the black-box ITL P50 within a factor of 2.5: they move with the
+  server's speed, which changes from run to run on this machine (docs/validate.md: a profile
+  fitted on one run prices a decode request at 0.35 ms, on the next at 0.57 ms). On the CI
+  machine the iteration-log ITL P50 once came out at +51 % (measured 6.7 ms at concurrency 2
+  against a predicted 10.2 ms), outside the 50 % this test first asserted. The black-box TTFT P50 is
   reported, not asserted: from records at one concurrency a fit cannot tell prefill time
   from queueing.
   Measured in five runs: iteration log ITL P50 -3..+15 %, throughput -8..+5 %, TTFT P50
   -28..+45 %; black box throughput -18..-1 %, ITL P50 -12..+62 %, TTFT P50 -11..+172 %.
   Three repeats of one measurement here differed by up to 35 % in TTFT P50 and 25 % in ITL
   P50, so tighter bounds would test the machine, not the model.
-  P90s are reported, not asserted: on a two-core machine shared by the server, its API
-  process, the client and other work, tails are dominated by scheduling stalls of up to a
-  second that no server model predicts. The measured errors are printed (run with -s).
+  P90s are reported, not asserted: before the server ran at `--server-nice` they were
+  dominated by the driver waiting for a CPU (stalls of up to 0.6 s); with it the TTFT P90
+  errors measured -28/-29 % (6 -> 2), and other work on a shared CI machine can bring such
+  stalls back. The driver's own wait is asserted instead (under 5 % of a run behind a server
+  the tests start). The measured errors are printed (run with -s).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from rackSim.validate.compare import (
     summarize_run,
     write_comparison,
 )
+from rackSim.validate.driver import DRIVER_WAIT_LIMIT, driver_wait_share
 from rackSim.validate.fit import fit_driver_records, fit_iteration_log
 from rackSim.validate.ingest import load_driver_run, read_iteration_log
 from rackSim.validate.refine import refine_overheads
@@ -85,6 +88,12 @@ def test_records_match_server_counters(measured_runs):
         probe = meta["probe"][meta["endpoints"][0]["url"]]
         assert probe["before"]["ok"] == probe["after"]["ok"] == 5
         assert set(probe["change"]) == {"ttft_ms", "tpot_ms"}
+        # the driver's CPU was measured; behind a local server started at --server-nice it
+        # hardly waits for one (measured: 1% of a 12-lane run; 43% with the server at nice 0)
+        seg = meta["segments"][-1]
+        assert seg["driver_cpu_s"] > 0 and seg["driver_wait_s"] >= 0
+        if run.local_server:
+            assert driver_wait_share(seg) < DRIVER_WAIT_LIMIT, seg
         scrapes = read_scrapes(out.out_dir / "scrapes.jsonl")
         labels = {s["label"] for s in scrapes}
         assert labels == {"before", "during", "after"}

@@ -31,6 +31,7 @@ class MeasuredRun:
     log_start: int
     log_end: int
     seed: int
+    local_server: bool  # started by the tests (at --server-nice), not RACKSIM_VLLM_URL's
 
 
 def measure(server: VllmServer, concurrency: int, out: Path, window_s: float = WINDOW_S,
@@ -43,7 +44,7 @@ def measure(server: VllmServer, concurrency: int, out: Path, window_s: float = W
                                                   **settings), out)
     log = outcome.meta["server_log"][-1]  # this run's bytes, the drift probes excluded
     return MeasuredRun(concurrency, outcome, sessions, server.log_path, log["start_byte"],
-                       log["end_byte"], seed)
+                       log["end_byte"], seed, server.proc is not None)
 
 
 def simulated_run_dir(d: Path, concurrency: int, seed: int, window_s: float = 15.0,
