@@ -11,6 +11,12 @@ engine step, which mixes prefill chunks and decode tokens:
 `api_overhead_ms` is a fixed per-request delay before a request reaches the scheduler; the
 profile also records the server's shape (scheduler limits, KV cache) it was measured on.
 
+Steps with the same counts do not take the same time on a real server (on the 2-core CPU
+machine the logged time of batch-1 decode steps spans 0.4x-1.7x its fitted value, P10-P90).
+`step_jitter` holds `JITTER_LEVELS` equal-mass quantiles of logged / fitted step time on the
+fitting run; each step draws one (seeded) and multiplies the step's model time by it, not
+the between-steps overhead. An empty list (black-box profiles, older files) means none.
+
 `build_step_model` dispatches `cfg.perf.model == "measured"` here:
 `MeasuredStepModel(cfg, role=role, seed=seed)` reads `cfg.perf.profile`; a colocated instance
 (`rackSim.engine.colocated`) prices vLLM's mixed steps with `mixed_step`. The profile has no
@@ -23,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from rackSim.config.errors import ProfileInputError
@@ -31,6 +38,7 @@ from rackSim.perf.step import DecodeBatch, PrefillBatch, StepBreakdown
 PROFILE_FORMAT = "racksim-measured-profile/1"
 COEFFS = ("const_ms", "per_prefill_token_ms", "per_prefill_request_ms",
           "per_decode_request_ms", "per_context_token_ms")
+JITTER_LEVELS = 40  # step_jitter quantiles, at probabilities (i + 0.5) / JITTER_LEVELS
 
 
 @dataclass
@@ -56,6 +64,7 @@ class Profile:
     source: str = "iteration_log"
     provenance: dict = field(default_factory=dict)
     residuals: dict = field(default_factory=dict)
+    step_jitter: list[float] = field(default_factory=list)
 
     def step_ms(self, prefill_tokens: float, prefill_requests: float, decode_requests: float,
                 context_tokens: float = 0.0) -> float:
@@ -71,6 +80,7 @@ class Profile:
                "step_ms": {k: float(self.coeffs[k]) for k in COEFFS},
                "overhead_ms": float(self.overhead_ms),
                "api_overhead_ms": float(self.api_overhead_ms),
+               "step_jitter": [float(x) for x in self.step_jitter],
                "server": vars(self.server), "provenance": self.provenance,
                "residuals": self.residuals}
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,17 +101,23 @@ class Profile:
         if missing:
             raise ProfileInputError(f"profile '{path}': step_ms lacks {missing}; refit it "
                                     "with `racksim-validate fit`")
+        jitter = doc.get("step_jitter") or []
+        if not (isinstance(jitter, list) and all(isinstance(x, int | float) and x > 0
+                                                 for x in jitter)):
+            raise ProfileInputError(f"profile '{path}': step_jitter must be a list of positive "
+                                    "numbers (quantiles of logged / fitted step time); refit "
+                                    "it with `racksim-validate fit`")
         return cls(coeffs={k: float(step[k]) for k in COEFFS},
                    overhead_ms=float(doc.get("overhead_ms", 0.0)),
                    api_overhead_ms=float(doc.get("api_overhead_ms", 0.0)),
                    server=ServerShape(**(doc.get("server") or {})),
                    source=str(doc.get("source", "")), provenance=doc.get("provenance") or {},
-                   residuals=doc.get("residuals") or {})
-
+                   residuals=doc.get("residuals") or {},
+                   step_jitter=[float(x) for x in jitter])
 
 
 class MeasuredStepModel:
-    """Step times of one instance from a measured profile (deterministic: `seed` unused)."""
+    """Step times of one instance from a measured profile; `seed` draws the step jitter."""
 
     def __init__(self, cfg: object | None = None, role: str = "decode", seed: int = 0,
                  profile: Profile | None = None):
@@ -112,20 +128,32 @@ class MeasuredStepModel:
                                  "(produce one with `racksim-validate fit`)")
             profile = Profile.from_yaml(Path(path))
         self.profile, self.role, self.seed = profile, role, seed
+        self._jitter = np.asarray(profile.step_jitter, dtype=float)
+        self._rng = np.random.default_rng(seed)
+        self._draws: list[float] = []
 
     @classmethod
-    def from_profile(cls, profile: Profile, role: str = "colocated") -> MeasuredStepModel:
-        return cls(profile=profile, role=role)
+    def from_profile(cls, profile: Profile, role: str = "colocated", seed: int = 0
+                     ) -> MeasuredStepModel:
+        return cls(profile=profile, role=role, seed=seed)
+
+    def _factor(self) -> float:
+        """The next step's jitter factor (1 without jitter); drawn 4,096 at a time."""
+        if not self._jitter.size:
+            return 1.0
+        if not self._draws:
+            self._draws = self._jitter[self._rng.integers(0, self._jitter.size, 4096)].tolist()
+        return self._draws.pop()
 
     def _step(self, prefill_tokens: float, prefill_requests: float, decode_requests: float,
               context_tokens: float) -> StepBreakdown:
-        c = self.profile.coeffs
+        c, f = self.profile.coeffs, self._factor()
         return StepBreakdown(
-            cpu=c["const_ms"] + self.profile.overhead_ms,
+            cpu=c["const_ms"] * f + self.profile.overhead_ms,
             dense=(c["per_prefill_token_ms"] * prefill_tokens
                    + c["per_prefill_request_ms"] * prefill_requests
-                   + c["per_decode_request_ms"] * decode_requests),
-            attention=c["per_context_token_ms"] * context_tokens)
+                   + c["per_decode_request_ms"] * decode_requests) * f,
+            attention=c["per_context_token_ms"] * context_tokens * f)
 
     def mixed_step(self, prefill: PrefillBatch, decode: DecodeBatch) -> StepBreakdown:
         """One engine step with prefill chunks and decode tokens together (ms); DP ranks run

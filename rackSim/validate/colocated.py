@@ -62,7 +62,8 @@ def simulate_colocated(sessions: list[SessionGraph], replay: ReplaySpec, profile
     engine = ColocatedInstance(
         env, 0, 1, shape.max_num_batched_tokens, shape.max_num_seqs, 1.0, 0,
         [TieredPrefixCache(shape.kv_capacity_tokens // BLOCK_TOKENS)],
-        MeasuredStepModel.from_profile(profile), 0.0, LatencyHistogram(), lambda _t: False,
+        MeasuredStepModel.from_profile(profile, seed=seed), 0.0, LatencyHistogram(),
+        lambda _t: False,
         True, lambda _job: None, on_step, block_tokens=shape.block_tokens,
         api_delay_s=profile.api_overhead_ms / 1e3)
     rp = ClosedLoopReplay(sessions, replay, seed)

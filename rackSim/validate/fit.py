@@ -11,14 +11,15 @@ and `api_overhead_ms` is a fixed per-request delay before a request reaches the 
 (HTTP handling, request processing) that adds to its TTFT only.
 
 - From the iteration log (`fit_iteration_log`): ordinary regression of each step's logged
-  elapsed time on its counts (the log has no context column, so per_context_token_ms = 0).
+  elapsed time on its counts (the log has no context column, so per_context_token_ms = 0),
+  and `step_jitter`, the quantiles of logged / fitted time over the run's steps.
   The log times the model step only; `overhead_ms` (scheduling, output processing between
   steps) and `api_overhead_ms` come from the driver records of the same run when given.
-- Black box (`fit_driver_records`): no step log. Each request gives two equations: its
-  end-to-end latency = its TTFT + (output - 1) steps priced at the mean batch seen over its
-  decode span plus the prefill work other requests did meanwhile; its TTFT = the steps needed
-  to compute its own and the overlapping prompt tokens under the chunk budget, plus half a
-  step of waiting, plus api_overhead_ms. Batch sizes come from the records' overlaps.
+- Black box (`fit_driver_records`): no step log (so no step jitter). Each request gives two
+  equations: its end-to-end latency = its TTFT + (output - 1) steps priced at the mean batch
+  seen over its decode span plus the prefill work other requests did meanwhile; its TTFT = the
+  steps needed to compute its own and the overlapping prompt tokens under the chunk budget,
+  plus half a step of waiting, plus api_overhead_ms. Batch sizes come from the records' overlaps.
 
 Both use `scipy.optimize.least_squares` (non-negative coefficients, soft-L1 loss so a few
 stalls from a shared machine do not dominate) and report residuals.
@@ -33,7 +34,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from rackSim.metrics.records import RequestRecord
-from rackSim.perf.measured import COEFFS, Profile, ServerShape
+from rackSim.perf.measured import COEFFS, JITTER_LEVELS, Profile, ServerShape
 
 
 def _stats(pred: np.ndarray, obs: np.ndarray) -> dict[str, float]:
@@ -80,8 +81,10 @@ def fit_iteration_log(steps: list[tuple], shape: ServerShape | None = None,
         residuals["with_prefill"] = _stats(pred[is_pf], y[is_pf])
     if (~is_pf).any():
         residuals["decode_only"] = _stats(pred[~is_pf], y[~is_pf])
+    levels = (np.arange(JITTER_LEVELS) + 0.5) / JITTER_LEVELS
+    jitter = np.quantile(y / np.maximum(pred, 1e-9), levels)
     prof = Profile(coeffs=coeffs, server=shape or ServerShape(), source="iteration_log",
-                   residuals=residuals)
+                   residuals=residuals, step_jitter=[float(x) for x in jitter])
     extra: dict = {"steps": len(steps), "logged_step_ms_total": float(y.sum())}
     if records:
         busy = _busy_s(records)

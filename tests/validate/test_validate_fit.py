@@ -8,8 +8,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from scipy.stats import norm
 
-from rackSim.perf.measured import COEFFS, MeasuredStepModel, Profile, ServerShape
+from rackSim.perf.measured import (
+    COEFFS,
+    JITTER_LEVELS,
+    MeasuredStepModel,
+    Profile,
+    ServerShape,
+)
 from rackSim.perf.step import DecodeBatch, PrefillBatch
 from rackSim.validate.colocated import simulate_colocated
 from rackSim.validate.compare import delivery_gaps, summarize_run
@@ -22,7 +29,10 @@ TRUE = {"const_ms": 2.0, "per_prefill_token_ms": 0.02, "per_prefill_request_ms":
         "per_decode_request_ms": 0.4, "per_context_token_ms": 0.0}
 
 
-def _steps(n: int = 600, noise_ms: float = 0.2, seed: int = 0) -> list[tuple]:
+def _steps(n: int = 600, noise_ms: float = 0.2, seed: int = 0, jitter_sigma: float = 0.0
+           ) -> list[tuple]:
+    """Logged steps of a server with the TRUE coefficients, additive normal noise (ms) and a
+    multiplicative log-normal jitter of the step time."""
     rng = np.random.default_rng(seed)
     rows = []
     for i in range(n):
@@ -31,7 +41,7 @@ def _steps(n: int = 600, noise_ms: float = 0.2, seed: int = 0) -> list[tuple]:
         d_req = int(rng.integers(0, 12))
         t = (TRUE["const_ms"] + TRUE["per_prefill_token_ms"] * p_tok
              + TRUE["per_prefill_request_ms"] * p_req + TRUE["per_decode_request_ms"] * d_req
-             + rng.normal(0, noise_ms))
+             + rng.normal(0, noise_ms)) * math.exp(rng.normal(0, jitter_sigma))
         rows.append(("engine-0", i, math.nan, t, p_req, p_tok, d_req, float(d_req), math.nan, 0,
                      math.nan) + (math.nan,) * 10)
     return rows
@@ -44,6 +54,37 @@ def test_log_fit_recovers_coefficients():
         assert prof.coeffs[k] == pytest.approx(TRUE[k], rel=0.05, abs=0.02), k
     assert prof.residuals["all"]["rmse_ms"] == pytest.approx(0.2, rel=0.2)
     assert prof.residuals["all"]["r2"] > 0.99
+
+
+def test_log_fit_measures_the_step_jitter():
+    """Steps 0.3 log-normal around their counts' time: the profile's jitter quantiles are the
+    log-normal's (the soft-L1 fit centres the median), within 8 %."""
+    q = np.array(fit_iteration_log(_steps(4000, noise_ms=0.0, jitter_sigma=0.3)).step_jitter)
+    assert len(q) == JITTER_LEVELS and np.all(np.diff(q) >= 0)
+    for level in (4, 20, 36):  # P11, P51, P91
+        p = (level + 0.5) / JITTER_LEVELS
+        assert q[level] == pytest.approx(math.exp(0.3 * norm.ppf(p)), rel=0.08), level
+
+
+def test_step_jitter_multiplies_the_model_time_not_the_overhead():
+    """Each step draws one of the profile's jitter factors (seeded) and scales the step's
+    model time by it; the between-steps overhead stays."""
+    prof = Profile(coeffs=dict(TRUE), overhead_ms=1.0, step_jitter=[0.5, 1.5])
+    batch = DecodeBatch(requests_per_rank=[8], context_tokens_per_rank=[100],
+                        tokens_per_request=1.0, draft_tokens=0, new_loads=0,
+                        admitted_prompt_tokens=0, step_index=0)
+
+    def totals(seed: int) -> list[float]:
+        model = MeasuredStepModel.from_profile(prof, seed=seed)
+        return [model.decode_step(batch).total_ms for _ in range(5000)]
+
+    base = 2.0 + 0.4 * 8
+    a = totals(3)
+    assert set(np.round(a, 9)) == {round(1.0 + 0.5 * base, 9), round(1.0 + 1.5 * base, 9)}
+    assert np.mean(a) == pytest.approx(1.0 + base, rel=0.03)
+    assert a == totals(3) and a != totals(4)
+    plain = MeasuredStepModel.from_profile(Profile(coeffs=dict(TRUE), overhead_ms=1.0))
+    assert plain.decode_step(batch).total_ms == pytest.approx(1.0 + base)
 
 
 def test_log_fit_needs_steps():
@@ -59,9 +100,14 @@ def test_profile_yaml_roundtrip_and_errors(tmp_path):
     assert back.coeffs == pytest.approx(prof.coeffs)
     assert (back.overhead_ms, back.api_overhead_ms) == (1.5, 7.0)
     assert back.residuals["all"]["n"] == 600 and back.provenance["source"] == "iteration_log"
+    assert back.step_jitter == pytest.approx(prof.step_jitter) and len(back.step_jitter) == 40
     (tmp_path / "bad.yaml").write_text("format: something-else\n")
     with pytest.raises(ValueError, match="racksim-validate fit"):
         Profile.from_yaml(tmp_path / "bad.yaml")
+    bad = path.read_text().replace("step_jitter:", "step_jitter: [0.0, 1.0]\nold_jitter:")
+    (tmp_path / "bad_jitter.yaml").write_text(bad)
+    with pytest.raises(ValueError, match="step_jitter must be a list of positive numbers"):
+        Profile.from_yaml(tmp_path / "bad_jitter.yaml")
 
 
 def test_measured_step_model_arithmetic(tmp_path):
