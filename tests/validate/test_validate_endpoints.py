@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.server
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -24,9 +25,13 @@ from rackSim.validate.driver import (
 from rackSim.validate.scrape import EndpointError
 from rackSim.validate.server import (
     ENGINE_CORE,
+    WORKER,
     ServerSettings,
+    confine_to_host_cpus,
     deprioritize,
+    driver_on,
     free_port,
+    group_processes,
     renice_group,
     start_server,
 )
@@ -122,6 +127,60 @@ def test_deprioritize_sets_the_process_and_its_session_autogroup():
         child.wait()
 
 
+# a stand-in server: a session leader with a thread, and a child named as vLLM's model worker
+# and bound to CPU 0, as vLLM's CPU backend binds it
+_FAKE_WORKER = (f"import ctypes, os, time; ctypes.CDLL(None).prctl(15, b'{WORKER}', 0, 0, 0); "
+                "os.sched_setaffinity(0, {0}); time.sleep(30)")
+_FAKE_SERVER = ("import subprocess, sys, threading, time; "
+                "threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); "
+                f"w = subprocess.Popen([sys.executable, '-c', {_FAKE_WORKER!r}]); "
+                "print('ready', flush=True); w.wait()")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_host_processes_are_pinned_off_the_worker_cpus():
+    leader = subprocess.Popen([sys.executable, "-c", _FAKE_SERVER], start_new_session=True,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert leader.stdout.readline().strip() == "ready"
+        names: dict[int, str] = {}
+        deadline = time.monotonic() + 10
+        while WORKER not in names.values() and time.monotonic() < deadline:
+            names = dict(group_processes(leader.pid))
+            time.sleep(0.05)
+        host = confine_to_host_cpus(leader.pid)
+        assert host == os.sched_getaffinity(0) - {0}
+        for pid, name in names.items():
+            tasks = [int(t.name) for t in Path(f"/proc/{pid}/task").glob("*")]
+            want = {0} if name == WORKER else host
+            assert all(os.sched_getaffinity(t) == want for t in tasks), (name, tasks)
+        assert len(list(Path(f"/proc/{leader.pid}/task").glob("*"))) >= 2  # its thread too
+    finally:
+        os.killpg(leader.pid, 9)
+        leader.wait()
+
+
+def test_a_group_without_a_bound_worker_is_left_alone():
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        before = os.sched_getaffinity(child.pid)
+        assert confine_to_host_cpus(child.pid) == set()
+        assert os.sched_getaffinity(child.pid) == before
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_driver_on_moves_the_calling_thread_and_restores_it():
+    before = os.sched_getaffinity(0)
+    one = {min(before)}
+    with driver_on(one):
+        assert os.sched_getaffinity(0) == one
+    assert os.sched_getaffinity(0) == before
+    with driver_on(set()):  # nothing pinned: nothing moves
+        assert os.sched_getaffinity(0) == before
+
+
 @pytest.mark.parametrize("flag", ["--engine-nice", "--server-nice"])
 def test_nice_out_of_range_is_refused(capsys, tmp_path, flag):
     with pytest.raises(SystemExit) as exc:
@@ -168,7 +227,7 @@ def test_run_says_when_the_driver_waited_for_a_cpu(monkeypatch, tmp_path, capsys
 
 
 @pytest.mark.slow
-def test_a_local_server_runs_niced_and_its_engine_core_more_so(tmp_path):
+def test_a_local_server_runs_niced_and_pinned_off_its_worker_cpus(tmp_path):
     server = start_server(tmp_path, ServerSettings(model="tiny-dense", server_nice=3,
                                                    engine_nice=5))
     try:
@@ -180,6 +239,13 @@ def test_a_local_server_runs_niced_and_its_engine_core_more_so(tmp_path):
         others = [os.getpriority(os.PRIO_PROCESS, p) for p in pids if p not in engine]
         assert others and set(others) == {3}  # the API server and the worker it started
         assert _autogroup_nice(server.proc.pid) in (3, None)
+        # the API server and the engine core run off the model worker's CPUs
+        worker = [pid for pid in pids
+                  if Path(f"/proc/{pid}/comm").read_text().startswith(WORKER)]
+        assert len(worker) == 1 and server.host_cpus
+        assert not server.host_cpus & os.sched_getaffinity(worker[0])
+        for pid in (server.proc.pid, engine[0]):
+            assert os.sched_getaffinity(pid) == server.host_cpus
     finally:
         server.stop()
 

@@ -102,8 +102,9 @@ def test_failures_are_counted_by_kind(tmp_path):
     assert failure_kinds(tmp_path / "records.jsonl") == "reset 2, timeout 1"
 
 
-def test_serve_stops_its_server_on_sigterm(monkeypatch):
-    """SIGTERM unwinds like Ctrl-C: the server `serve` started is stopped, not orphaned."""
+def test_serve_stops_its_server_on_sigterm(monkeypatch, capsys):
+    """SIGTERM unwinds like Ctrl-C: the server `serve` started is stopped, not orphaned; it
+    says where to run the driver (the CPUs its host processes were pinned to)."""
     import os
     import signal
     import threading
@@ -120,7 +121,7 @@ def test_serve_stops_its_server_on_sigterm(monkeypatch):
             return None
 
     class FakeServer:
-        url, log_path, proc = "http://127.0.0.1:1", "server.log", FakeProc()
+        url, log_path, proc, host_cpus = "http://127.0.0.1:1", "server.log", FakeProc(), {1}
 
         def stop(self):
             stopped.append(True)
@@ -133,3 +134,4 @@ def test_serve_stops_its_server_on_sigterm(monkeypatch):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert stopped == [True]
+    assert "taskset -c 1 racksim-validate run" in capsys.readouterr().out

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rackSim.validate.driver import DriverOutcome, DriverSettings, run_driver
-from rackSim.validate.server import VllmServer
+from rackSim.validate.server import VllmServer, driver_on
 from rackSim.validate.workloads import cpu_tiny_workload
 from rackSim.workload.graph import SessionGraph
 from rackSim.workload.sources import load_sessions
@@ -36,12 +36,14 @@ class MeasuredRun:
 
 def measure(server: VllmServer, concurrency: int, out: Path, window_s: float = WINDOW_S,
             seed: int = SEED, **settings) -> MeasuredRun:
-    """Replay the CPU workload at `concurrency` against `server` into `out`."""
+    """Replay the CPU workload at `concurrency` against `server` into `out` (the driver on the
+    CPUs the server's host processes are pinned to)."""
     wl = cpu_tiny_workload(concurrency, window_s=window_s)
     sessions = load_sessions(wl, seed)
-    outcome = run_driver(sessions, DriverSettings(endpoints=[server.url], replay=wl.replay,
-                                                  seed=seed, server_log=server.log_path,
-                                                  **settings), out)
+    with driver_on(server.host_cpus):
+        outcome = run_driver(sessions, DriverSettings(endpoints=[server.url], replay=wl.replay,
+                                                      seed=seed, server_log=server.log_path,
+                                                      **settings), out)
     log = outcome.meta["server_log"][-1]  # this run's bytes, the drift probes excluded
     return MeasuredRun(concurrency, outcome, sessions, server.log_path, log["start_byte"],
                        log["end_byte"], seed, server.proc is not None)
