@@ -318,8 +318,13 @@ def start_server(work_dir: Path, settings: ServerSettings | None = None, port: i
             server.stop()
             raise ServerError(f"--server-nice {settings.server_nice}: cannot renice the "
                               f"server ({err}); run with --server-nice 0") from err
-    (work_dir / "server.json").write_text(json.dumps(
-        {"url": server.url, "settings": asdict(settings), "command": cmd}, indent=1))
+
+    def record() -> None:  # the settings, the command and (once pinned) the host CPUs
+        (work_dir / "server.json").write_text(json.dumps(
+            {"url": server.url, "settings": asdict(settings), "command": cmd,
+             "host_cpus": sorted(server.host_cpus)}, indent=1))
+
+    record()
     deadline = time.monotonic() + ready_timeout_s
     try:
         while time.monotonic() < deadline:
@@ -339,9 +344,7 @@ def start_server(work_dir: Path, settings: ServerSettings | None = None, port: i
                                       "its engine core in-process: leave --engine-nice at 0")
                 if not settings.share_worker_cpus:
                     server.host_cpus = confine_to_host_cpus(proc.pid)
-                    (work_dir / "server.json").write_text(json.dumps(
-                        {"url": server.url, "settings": asdict(settings), "command": cmd,
-                         "host_cpus": sorted(server.host_cpus)}, indent=1))
+                    record()
                 return server
             time.sleep(1.0)
         raise ServerError(f"vLLM server not healthy after {ready_timeout_s:.0f} s; log: "
