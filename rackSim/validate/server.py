@@ -90,9 +90,19 @@ def deprioritize(pid: int, nice: int) -> None:
     server's; without autogroups the processes' own niceness does. Raising niceness needs no
     privilege."""
     os.setpriority(os.PRIO_PROCESS, pid, nice)
-    group = Path(f"/proc/{pid}/autogroup")
-    if group.exists():
-        group.write_text(str(nice))
+    if autogroup_nice(pid) is not None:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+
+
+def autogroup_nice(pid: int) -> int | None:
+    """The niceness of `pid`'s autogroup ("/autogroup-N nice K"); None where the kernel does
+    not group it by session: no sched_autogroup, or (the file reads empty) the process sits in
+    a cgroup with its own CPU share, as in many containers, where its own niceness counts."""
+    try:
+        text = Path(f"/proc/{pid}/autogroup").read_text().split()
+    except OSError:
+        return None
+    return int(text[-1]) if text else None
 
 
 def group_processes(pgid: int) -> list[tuple[int, str]]:

@@ -27,6 +27,7 @@ from rackSim.validate.server import (
     ENGINE_CORE,
     WORKER,
     ServerSettings,
+    autogroup_nice,
     confine_to_host_cpus,
     deprioritize,
     driver_on,
@@ -106,22 +107,34 @@ def test_renice_group_finds_the_named_processes_of_a_group_only():
         child.wait()
 
 
-def _autogroup_nice(pid: int) -> int | None:
-    """The niceness of `pid`'s autogroup ("/autogroup-N nice K"); None without autogroups."""
-    path = Path(f"/proc/{pid}/autogroup")
-    return int(path.read_text().split()[-1]) if path.exists() else None
-
-
 def test_deprioritize_sets_the_process_and_its_session_autogroup():
     """`--server-nice`: the server's process (so the children it starts later) and its
     session's autogroup, not the caller's (a child in its own session stands in)."""
     child = subprocess.Popen(["sleep", "30"], start_new_session=True)
-    mine = _autogroup_nice(os.getpid())
+    mine = autogroup_nice(os.getpid())
     try:
         deprioritize(child.pid, 6)
         assert os.getpriority(os.PRIO_PROCESS, child.pid) == 6
-        assert _autogroup_nice(child.pid) in (6, None)
-        assert _autogroup_nice(os.getpid()) == mine and os.getpriority(os.PRIO_PROCESS, 0) == 0
+        assert autogroup_nice(child.pid) in (6, None)
+        assert autogroup_nice(os.getpid()) == mine and os.getpriority(os.PRIO_PROCESS, 0) == 0
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_process_in_its_own_cpu_cgroup_has_no_autogroup_to_set(monkeypatch):
+    """In a container whose cgroup has its own CPU share the kernel prints an empty
+    autogroup line: there is no autogroup niceness to read or set, the process's own counts."""
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    real_read = Path.read_text
+    writes = []
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: (
+        "" if self.name == "autogroup" else real_read(self, *a, **k)))
+    monkeypatch.setattr(Path, "write_text", lambda self, text, *a, **k: writes.append(self))
+    try:
+        assert autogroup_nice(child.pid) is None
+        deprioritize(child.pid, 4)
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == 4 and writes == []
     finally:
         child.kill()
         child.wait()
@@ -238,7 +251,7 @@ def test_a_local_server_runs_niced_and_pinned_off_its_worker_cpus(tmp_path):
         assert os.getpriority(os.PRIO_PROCESS, engine[0]) == 3 + 5
         others = [os.getpriority(os.PRIO_PROCESS, p) for p in pids if p not in engine]
         assert others and set(others) == {3}  # the API server and the worker it started
-        assert _autogroup_nice(server.proc.pid) in (3, None)
+        assert autogroup_nice(server.proc.pid) in (3, None)
         # the API server and the engine core run off the model worker's CPUs
         worker = [pid for pid in pids
                   if Path(f"/proc/{pid}/comm").read_text().startswith(WORKER)]
