@@ -8,6 +8,7 @@
     racksim-validate compare --run RUN --profile PROFILE.yaml [--out DIR]
     racksim-validate grid    --out DIR [--model tiny-dense] [--fit-concurrency 6]
                              [--concurrency 1 2 4 8 12 16] [--seeds 11 23] [--fresh-server]
+                             [--warmup-s 20] [--no-repeat]
 
 The server's shape (KV block size and capacity from /metrics; scheduler limits from the log of
 a local server, `run --server-log`) is recorded in run.json; `fit` prices the run with it and
@@ -168,6 +169,12 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--seeds", type=int, nargs="+", default=[11, 23],
                    help="workload seeds (one fit per seed)")
     g.add_argument("--window-s", type=float, default=20.0, help="window of every run (s)")
+    g.add_argument("--warmup-s", type=float, default=20.0,
+                   help="window of an unmeasured replay at the grid's most lanes that each "
+                        "new server serves first (0: none)")
+    g.add_argument("--no-repeat", dest="repeat", action="store_false",
+                   help="do not replay the fitting point again after the grid (it measures "
+                        "how far the server repeats itself)")
     g.add_argument("--sources", nargs="+", default=["iteration_log", "driver_records"],
                    help="profiles to fit and compare")
     g.add_argument("--fresh-server", action="store_true",
@@ -378,8 +385,10 @@ def _cmd_grid(args: argparse.Namespace) -> int:
     from rackSim.validate.grid import (
         GridSpec,
         format_held_out,
+        format_repeatability,
         held_out_table,
         local_runner,
+        repeatability,
         run_grid,
         write_grid,
     )
@@ -387,20 +396,22 @@ def _cmd_grid(args: argparse.Namespace) -> int:
 
     spec = GridSpec(fit_concurrency=args.fit_concurrency, concurrencies=tuple(args.concurrency),
                     seeds=tuple(args.seeds), window_s=args.window_s,
-                    sources=tuple(args.sources))
+                    warmup_s=args.warmup_s, repeat=args.repeat, sources=tuple(args.sources))
     settings = ServerSettings(model=args.model, kv_cache_gib=args.kv_cache_gib,
                               max_num_batched_tokens=args.max_num_batched_tokens,
                               max_num_seqs=args.max_num_seqs, server_nice=args.server_nice,
                               engine_nice=args.engine_nice,
                               share_worker_cpus=args.share_worker_cpus)
     runner, stop = local_runner(settings, spec.window_s, args.fresh_server,
-                                args.out.resolve())
+                                args.out.resolve(), spec.warmup)
     try:
         df = run_grid(spec, runner, args.out, Path(args.model).name)
     finally:
         stop()
     csv, png = write_grid(df, args.out)
     print(format_held_out(held_out_table(df)))
+    if spec.repeat:
+        print(format_repeatability(repeatability(df)))
     print(f"-> {csv}, {png}")
     return EXIT_OK
 

