@@ -171,7 +171,8 @@ def write_grid(df: pd.DataFrame, out: Path) -> tuple[Path, Path]:
         ax.axhline(0, color="k", lw=0.6)
         ax.set_title(metric.replace("_tok_s_gpu", "").replace("_ms", ""))
         ax.set_xlabel("concurrency")
-    axes[0].set_ylabel("error (%)  predicted vs measured  (x: fitting point repeated)")
+    axes[0].set_ylabel("error (%), predicted vs measured")
+    axes[-1].plot([], [], "x", color="gray", label="fitting point again")
     axes[-1].legend(fontsize=6)
     fig.tight_layout()
     png = out / "grid.png"
