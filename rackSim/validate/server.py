@@ -96,8 +96,8 @@ def deprioritize(pid: int, nice: int) -> None:
 
 def autogroup_nice(pid: int) -> int | None:
     """The niceness of `pid`'s autogroup ("/autogroup-N nice K"); None where the kernel does
-    not group it by session: no sched_autogroup, or (the file reads empty) the process sits in
-    a cgroup with its own CPU share, as in many containers, where its own niceness counts."""
+    not group it by session: no sched_autogroup file, or an empty one (the process is in no
+    autogroup of its own, as in CI's container), where its own niceness counts."""
     try:
         text = Path(f"/proc/{pid}/autogroup").read_text().split()
     except OSError:
