@@ -181,16 +181,23 @@ def write_grid(df: pd.DataFrame, out: Path) -> tuple[Path, Path]:
     return csv, png
 
 
+def _heads(cols: list[str]) -> str:
+    return "".join(f"{m.replace('_tok_s_gpu', '').replace('_ms', ''):>12}" for m in cols)
+
+
+def _cells(row, cols: list[str]) -> str:
+    """Percentages of `row` in `cols`, 12 characters each ('n/a' for NaN)."""
+    return "".join(f"{row[m]:>+11.1f}%" if not math.isnan(row[m]) else f"{'n/a':>12}"
+                   for m in cols)
+
+
 def format_held_out(wide: pd.DataFrame) -> str:
     """The held-out table as text (errors in %)."""
     cols = [m for m in HEADLINE if m in wide]
-    head = f"{'model':<11}{'profile':<15}{'seed':>5}{'conc':>5}" + "".join(
-        f"{m.replace('_tok_s_gpu', '').replace('_ms', ''):>12}" for m in cols) + "  goal"
-    lines = [head]
+    lines = [f"{'model':<11}{'profile':<15}{'seed':>5}{'conc':>5}" + _heads(cols) + "  goal"]
     for _, r in wide.iterrows():
-        lines.append(f"{r.model:<11}{r.profile:<15}{r.seed:>5}{r.concurrency:>5}" + "".join(
-            f"{r[m]:>+11.1f}%" if not math.isnan(r[m]) else f"{'n/a':>12}" for m in cols)
-            + ("  met" if r.within_goal else "  missed"))
+        lines.append(f"{r.model:<11}{r.profile:<15}{r.seed:>5}{r.concurrency:>5}"
+                     + _cells(r, cols) + ("  met" if r.within_goal else "  missed"))
     return "\n".join(lines)
 
 
@@ -198,11 +205,9 @@ def format_repeatability(rep: pd.DataFrame) -> str:
     """The repeatability table as text (change of the repeated measurement, in %)."""
     cols = [m for m in HEADLINE if m in rep]
     lines = ["the fitting point measured again (change from its first measurement):",
-             f"{'model':<11}{'seed':>5}" + "".join(
-                 f"{m.replace('_tok_s_gpu', '').replace('_ms', ''):>12}" for m in cols)]
+             f"{'model':<11}{'seed':>5}" + _heads(cols)]
     for _, r in rep.iterrows():
-        lines.append(f"{r.model:<11}{r.seed:>5}" + "".join(
-            f"{r[m]:>+11.1f}%" if not math.isnan(r[m]) else f"{'n/a':>12}" for m in cols))
+        lines.append(f"{r.model:<11}{r.seed:>5}" + _cells(r, cols))
     return "\n".join(lines)
 
 

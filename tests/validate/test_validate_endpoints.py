@@ -122,7 +122,7 @@ def test_deprioritize_sets_the_process_and_its_session_autogroup():
         child.wait()
 
 
-def test_a_process_in_its_own_cpu_cgroup_has_no_autogroup_to_set(monkeypatch):
+def test_a_process_in_no_autogroup_of_its_own_has_none_to_set(monkeypatch):
     """Where a process is in no autogroup of its own (CI's container) the kernel prints an
     empty autogroup line: there is no autogroup niceness to read or set, its own counts."""
     child = subprocess.Popen(["sleep", "30"], start_new_session=True)
