@@ -9,6 +9,7 @@
     racksim-validate grid    --out DIR [--model tiny-dense] [--fit-concurrency 6]
                              [--concurrency 1 2 4 8 12 16] [--seeds 11 23] [--fresh-server]
                              [--warmup-s 20] [--no-repeat]
+    racksim-validate machine --out DIR [--duration-s 600] [--every-s 3] [--cpu 0]
 
 The server's shape (KV block size and capacity from /metrics; scheduler limits from the log of
 a local server, `run --server-log`) is recorded in run.json; `fit` prices the run with it and
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import time
@@ -181,6 +183,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="a new server for every run (no drift; +30-120 s per run)")
     _server_shape_args(g)
     _placement_args(g)
+    m = sub.add_parser("machine", formatter_class=HELP,
+                       help="time fixed kernels on one CPU again and again: how steady this "
+                            "machine is, the floor under every validated-mode error")
+    m.add_argument("--out", type=Path, required=True, help="writes machine.csv, machine.png")
+    m.add_argument("--duration-s", type=float, default=600.0, help="how long to sample (s)")
+    m.add_argument("--every-s", type=float, default=3.0, help="pause between samples (s)")
+    m.add_argument("--cpu", type=int, default=0,
+                   help="the CPU to time on (a local server's model worker runs on CPU 0)")
+    m.add_argument("--repeats", type=int, default=5,
+                   help="timings per kernel and sample (the best and the median are kept)")
+    m.add_argument("--window-s", type=float, default=60.0,
+                   help="window of the means compared (the length of the runs you measure)")
     return p
 
 
@@ -416,6 +430,41 @@ def _cmd_grid(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_machine(args: argparse.Namespace) -> int:
+    from rackSim.validate.machine import format_steadiness, sample, steadiness, write_machine
+
+    if args.window_s <= 0:
+        raise BadInput(f"--window-s {args.window_s}: must be > 0")
+    tty = sys.stderr.isatty()
+    last = [-math.inf]
+
+    def progress(line: str) -> None:  # overwritten on a terminal, once a minute in a log
+        if tty:
+            print(f"\r{line}", end="", file=sys.stderr, flush=True)
+        elif time.monotonic() - last[0] >= 60.0:
+            last[0] = time.monotonic()
+            print(line, file=sys.stderr, flush=True)
+
+    print(f"racksim-validate machine: timing {args.duration_s:g} s on CPU {args.cpu}; keep the "
+          "machine otherwise idle (Ctrl-C stops and keeps what was measured)", file=sys.stderr)
+    df, partial = sample(args.duration_s, args.every_s, args.cpu, args.repeats,
+                         progress=progress)
+    if tty:
+        print(file=sys.stderr)
+    if df.empty:
+        print("racksim-validate machine: interrupted before the first sample; nothing written",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    csv, png = write_machine(df, args.out)
+    print(format_steadiness(steadiness(df, args.window_s), args.window_s))
+    print(f"-> {csv}, {png}")
+    if partial:
+        print("racksim-validate machine: interrupted; the samples so far are written",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from rackSim.validate.server import SERVED_NAME, ServerSettings, start_server
 
@@ -459,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     # stopped by their `finally` blocks instead of being left running
     signal.signal(signal.SIGTERM, _interrupt)
     handler = {"run": _cmd_run, "ingest": _cmd_ingest, "fit": _cmd_fit,
-               "compare": _cmd_compare, "serve": _cmd_serve, "grid": _cmd_grid}[args.cmd]
+               "compare": _cmd_compare, "serve": _cmd_serve, "grid": _cmd_grid,
+               "machine": _cmd_machine}[args.cmd]
     try:
         return handler(args)
     except InputError as err:
