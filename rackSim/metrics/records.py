@@ -11,6 +11,7 @@ import math
 from array import array
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -90,6 +91,7 @@ REQUEST_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
 #: request columns that hold numbers (numpy arrays in a RequestLog; the others stay objects)
 _NUMERIC = tuple(f.name for f in fields(RequestRecord) if f.type in ("int", "float"))
 _FLOATS = tuple(f.name for f in fields(RequestRecord) if f.type == "float")
+_FIELDS_OF = attrgetter(*REQUEST_COLUMNS)
 
 
 class RequestLog:
@@ -181,11 +183,14 @@ Records = list[RequestRecord] | RequestLog
 
 def _columns(rows: list[RequestRecord]) -> dict[str, np.ndarray | list]:
     """`rows` by column: numbers as numpy arrays (dtype as pandas infers it from the values),
-    others as lists, an empty token_times_s as None."""
+    others as lists, an empty token_times_s as None. Every field of a record is read in one
+    C call and the rows transposed by `zip` (one Python-level `getattr` per field and record
+    was 4 % of a reference run)."""
     cols: dict[str, np.ndarray | list] = {}
-    for c in REQUEST_COLUMNS:
-        values = [getattr(r, c) for r in rows]
-        cols[c] = np.array(values) if c in _NUMERIC else values
+    by_column = zip(*map(_FIELDS_OF, rows), strict=True) if rows else ((),) * len(
+        REQUEST_COLUMNS)
+    for c, values in zip(REQUEST_COLUMNS, by_column, strict=True):
+        cols[c] = np.array(values) if c in _NUMERIC else list(values)
     cols["token_times_s"] = [t or None for t in cols["token_times_s"]]
     return cols
 
