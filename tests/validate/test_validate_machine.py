@@ -92,3 +92,27 @@ def test_machine_command_refuses_a_cpu_it_cannot_use(tmp_path, capsys):
     assert not out.exists()
     assert main(["machine", "--out", str(out), "--duration-s", "1", "--window-s", "0"]) == 2
     assert not out.exists()
+
+
+def test_ctrl_c_writes_what_was_sampled_and_exits_130(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "m"
+    proc = subprocess.Popen([sys.executable, "-m", "rackSim.validate.command", "machine",
+                             "--out", str(out), "--duration-s", "600", "--every-s", "0.2",
+                             "--repeats", "1", "--cpu", str(min(os.sched_getaffinity(0)))],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        line = proc.stderr.readline()  # the first progress line: a sample is taken
+        if "s of 600 s" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "interrupted; the samples so far are written" in stderr
+    assert len(pd.read_csv(out / "machine.csv")) >= len(KERNELS)
+    assert "P90/P10" in stdout
