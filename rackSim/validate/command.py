@@ -501,15 +501,24 @@ def _interrupt(_signum: int, _frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `racksim-validate`; returns the exit code."""
-    from rackSim.validate.server import ServerError
-
     args = _parser().parse_args(argv)
     # SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so local servers started here are
-    # stopped by their `finally` blocks instead of being left running
-    signal.signal(signal.SIGTERM, _interrupt)
+    # stopped by their `finally` blocks instead of being left running; the caller's handler
+    # comes back afterwards (main also runs in-process: tests, notebooks)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     handler = {"run": _cmd_run, "ingest": _cmd_ingest, "fit": _cmd_fit,
                "compare": _cmd_compare, "serve": _cmd_serve, "grid": _cmd_grid,
                "machine": _cmd_machine}[args.cmd]
+    try:
+        return _handled(args, handler)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _handled(args: argparse.Namespace, handler) -> int:
+    """`handler(args)`, with every error class turned into its message and exit code."""
+    from rackSim.validate.server import ServerError
+
     try:
         return handler(args)
     except InputError as err:

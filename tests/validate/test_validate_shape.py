@@ -126,12 +126,13 @@ def test_serve_stops_its_server_on_sigterm(monkeypatch, capsys):
         def stop(self):
             stopped.append(True)
 
-    monkeypatch.setattr(server_mod, "start_server", lambda *a, **k: FakeServer())
+    def start(*_a, **_k):  # SIGTERM once the server is up (not while parsing the flags)
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        return FakeServer()
+
+    monkeypatch.setattr(server_mod, "start_server", start)
     previous = signal.getsignal(signal.SIGTERM)
-    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
-    try:
-        assert main(["serve", "--work-dir", "/tmp/unused"]) == 0
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    assert main(["serve", "--work-dir", "/tmp/unused"]) == 0
     assert stopped == [True]
+    assert signal.getsignal(signal.SIGTERM) is previous  # the caller's handler is back
     assert "taskset -c 1 racksim-validate run" in capsys.readouterr().out
