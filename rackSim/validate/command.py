@@ -30,6 +30,7 @@ import math
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -515,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _handled(args: argparse.Namespace, handler) -> int:
+def _handled(args: argparse.Namespace,
+             handler: Callable[[argparse.Namespace], int]) -> int:
     """`handler(args)`, with every error class turned into its message and exit code."""
     from rackSim.validate.server import ServerError
 
