@@ -47,6 +47,11 @@ NOT_COMPARED = ("client_lag_mean_ms", "coalesced_share")  # descriptive: no erro
 HEADLINE = ("ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms", "throughput_tok_s_gpu")
 
 
+def short_name(metric: str) -> str:
+    """A metric's name without its unit, for table heads and figure labels ('itl_p50')."""
+    return metric.replace("_tok_s_gpu", "").replace("_ms", "")
+
+
 def delivery_gaps(times_s: list[float], coalesce_ms: float = COALESCE_MS) -> np.ndarray:
     """Per-token gaps (ms) with coalesced deliveries spread evenly (module docstring)."""
     t = np.asarray(times_s, dtype=float)
@@ -212,7 +217,7 @@ def write_comparison(df: pd.DataFrame, out_dir: Path, title: str = "measured vs 
             e = idx.loc[k, "error_pct"]
             if not math.isnan(e):
                 ax.annotate(f"{e:+.0f}%", (xi + 0.2, pv), ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(x, [k.replace("_ms", "").replace("_tok_s_gpu", "") for k in keys],
+        ax.set_xticks(x, [short_name(k) for k in keys],
                       fontsize=8)
         ax.set_title(name)
     axes[0].legend(fontsize=8)

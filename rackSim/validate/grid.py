@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rackSim.validate.compare import HEADLINE
+from rackSim.validate.compare import HEADLINE, short_name
 from rackSim.validate.runs import complete_shape, fit_run, predict_run
 
 GOAL_PCT = {"ttft_p50_ms": 10.0, "ttft_p90_ms": 10.0, "itl_p50_ms": 10.0, "itl_p90_ms": 10.0,
@@ -169,7 +169,7 @@ def write_grid(df: pd.DataFrame, out: Path) -> tuple[Path, Path]:
         goal = GOAL_PCT[metric]
         ax.axhspan(-goal, goal, color="green", alpha=0.12)
         ax.axhline(0, color="k", lw=0.6)
-        ax.set_title(metric.replace("_tok_s_gpu", "").replace("_ms", ""))
+        ax.set_title(short_name(metric))
         ax.set_xlabel("concurrency")
     axes[0].set_ylabel("error (%), predicted vs measured")
     axes[-1].plot([], [], "x", color="gray", label="fitting point again")
@@ -182,7 +182,7 @@ def write_grid(df: pd.DataFrame, out: Path) -> tuple[Path, Path]:
 
 
 def _heads(cols: list[str]) -> str:
-    return "".join(f"{m.replace('_tok_s_gpu', '').replace('_ms', ''):>12}" for m in cols)
+    return "".join(f"{short_name(m):>12}" for m in cols)
 
 
 def _cells(row, cols: list[str]) -> str:
@@ -211,7 +211,7 @@ def format_repeatability(rep: pd.DataFrame) -> str:
     moved = {m: rep[m].abs().max() for m in cols if rep[m].abs().max() > GOAL_PCT[m]}
     if moved:
         lines.append("the same run moved by more than the goal ("
-                     + ", ".join(f"{_heads([m]).strip()} {v:.0f} % > {GOAL_PCT[m]:g} %"
+                     + ", ".join(f"{short_name(m)} {v:.0f} % > {GOAL_PCT[m]:g} %"
                                  for m, v in moved.items())
                      + "): held-out errors of that size are the server's own variation; "
                      "`racksim-validate machine` measures how steady the machine under it is")
