@@ -17,6 +17,13 @@ machine the logged time of batch-1 decode steps spans 0.4x-1.7x its fitted value
 fitting run; each step draws one (seeded) and multiplies the step's model time by it, not
 the between-steps overhead. An empty list (black-box profiles, older files) means none.
 
+The same server does not compute at the same speed from one run to the next on a shared
+machine (the 2-core CPU machine's median logged / fitted step time ranged 0.6x-1.6x over the
+runs of one grid). `at_speed` prices the engine `factor` times slower (step coefficients and
+the per-step overhead scaled; the front-end's `api_overhead_ms` as fitted), and
+`fit_run_ratio` is the fitting run's own median logged / fitted step time, the reference a
+run's speed is measured against (`rackSim.validate.runs.run_speed`).
+
 `build_step_model` dispatches `cfg.perf.model == "measured"` here:
 `MeasuredStepModel(cfg, role=role, seed=seed)` reads `cfg.perf.profile`; a colocated instance
 (`rackSim.engine.colocated`) prices vLLM's mixed steps with `mixed_step`. The profile has no
@@ -26,7 +33,7 @@ per-operator split, so the breakdown is coarse: the constant and per-step overhe
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +81,20 @@ class Profile:
                 + c["per_prefill_request_ms"] * prefill_requests
                 + c["per_decode_request_ms"] * decode_requests
                 + c["per_context_token_ms"] * context_tokens + self.overhead_ms)
+
+    @property
+    def fit_run_ratio(self) -> float | None:
+        """The fitting run's median logged / fitted step time (the median of `step_jitter`);
+        None for a profile without step jitter (not fitted on an iteration log)."""
+        return float(np.median(self.step_jitter)) if self.step_jitter else None
+
+    def at_speed(self, factor: float) -> Profile:
+        """This profile on an engine `factor` times slower (> 1) or faster: step coefficients
+        and overhead_ms scaled, api_overhead_ms (the front-end) and the jitter as fitted."""
+        if not (factor > 0 and np.isfinite(factor)):
+            raise ValueError(f"speed factor {factor}: must be a positive number")
+        return replace(self, coeffs={k: v * factor for k, v in self.coeffs.items()},
+                       overhead_ms=self.overhead_ms * factor)
 
     def to_yaml(self, path: Path) -> Path:
         doc = {"format": PROFILE_FORMAT, "kind": "measured_step_time", "source": self.source,

@@ -5,7 +5,7 @@
     racksim-validate run     --endpoint URL [--endpoint URL2] --out RUN [--concurrency N ...]
     racksim-validate ingest  (--run RUN | --log SERVER.LOG | --bench BENCH.json) --out DIR
     racksim-validate fit     --run RUN [--log SERVER.LOG] --out PROFILE.yaml
-    racksim-validate compare --run RUN --profile PROFILE.yaml [--out DIR]
+    racksim-validate compare --run RUN --profile PROFILE.yaml [--out DIR] [--at-run-speed]
     racksim-validate grid    --out DIR [--model tiny-dense] [--fit-concurrency 6]
                              [--concurrency 1 2 4 8 12 16] [--seeds 11 23] [--fresh-server]
                              [--warmup-s 20] [--no-repeat]
@@ -160,6 +160,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--out", type=Path, default=None, help="default: RUN/compare")
     c.add_argument("--allow-other-shape", action="store_true",
                    help="compare even if the profile was fitted on a server of another shape")
+    c.add_argument("--at-run-speed", action="store_true",
+                   help="price the engine at the speed the run's iteration log measured "
+                        "(median logged / fitted step time against the fitting run's): the "
+                        "model's error apart from the machine's speed that run")
     g = sub.add_parser("grid", formatter_class=HELP,
                        help="fit at one concurrency on a local server, predict a grid of "
                             "others, write the error table and figure")
@@ -387,9 +391,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     wl, _ = run_workload(args.run)
     prof = Profile.from_yaml(args.profile)
-    pred = predict_run(args.run, prof, allow_other_shape=args.allow_other_shape)
+    pred = predict_run(args.run, prof, allow_other_shape=args.allow_other_shape,
+                       at_run_speed=args.at_run_speed)
     out = args.out or args.run / "compare"
-    title = f"{args.run.name}: concurrency {wl.replay.concurrency}, profile {prof.source}"
+    title = f"{args.run.name}: concurrency {wl.replay.concurrency}, profile {prof.source}" + (
+        f" at the run's speed ({pred.speed:.2f}x its fitting run's step time)"
+        if args.at_run_speed else "")
     csv, png = write_comparison(pred.table, out, title)
     print(format_table(pred.table, title))
     print(f"-> {csv}, {png}")

@@ -8,11 +8,16 @@ row is marked `fit` (it checks the fit, not a prediction); every other row is he
 (`repeat`), the fitting point is replayed again, same workload and seed, and predicted too
 (role `repeat`): how far the server repeats its own measurement bounds how close any
 prediction can come (`repeatability`).
+A profile fitted on the iteration log predicts every run a second time at the speed that run
+measured (profile `<name>@run_speed`, `rackSim.validate.runs.run_speed`: one number per run,
+the median of its logged over fitted step time): on a machine whose speed wanders from run to
+run, it tells the model's own error from the machine's (the goal is judged on the first).
 Each run keeps its drift probe, so a row from a drifting server is marked, and the share of
 the run its driver waited for a CPU. Output: `grid.csv` (one row per model x seed x
 concurrency x profile x metric: measured, predicted, error_pct, role, drifting,
-driver_wait_share), `grid.png` (error against concurrency per headline metric, the goal bands
-shaded, the repeated point as a cross) and the printed tables of held-out errors and of
+driver_wait_share, speed = the factor the profile was priced at), `grid.png` (error against
+concurrency per headline metric, the goal bands shaded, the repeated point as a cross, the
+predictions at run speed dashed) and the printed tables of held-out errors and of
 repeatability.
 """
 
@@ -26,11 +31,13 @@ from pathlib import Path
 import pandas as pd
 
 from rackSim.validate.compare import HEADLINE, short_name
-from rackSim.validate.runs import complete_shape, fit_run, predict_run
+from rackSim.validate.runs import complete_shape, fit_run, log_ranges, predict_run
 
 GOAL_PCT = {"ttft_p50_ms": 10.0, "ttft_p90_ms": 10.0, "itl_p50_ms": 10.0, "itl_p90_ms": 10.0,
             "throughput_tok_s_gpu": 5.0}
 """The accuracy the validated mode aims at on every held-out point (issue goal)."""
+AT_RUN_SPEED = "@run_speed"
+"""Suffix of a profile's second prediction of each run, at the speed the run measured."""
 SOURCES = {"iteration_log": ("log", False), "driver_records": ("records", True)}
 
 
@@ -107,13 +114,17 @@ def run_grid(spec: GridSpec, runner: Runner, out: Path, model: str,
                 conc, seed, base / (f"c{conc}" + ("-repeat" if role == "repeat" else "")))
             drifting, wait = _drifting_and_wait(run)
             for name, prof in profiles.items():
-                table = predict_run(run, prof).table
-                for r in table.itertuples():
-                    rows.append({"model": model, "seed": seed, "concurrency": conc,
-                                 "profile": name, "metric": r.key, "measured": r.measured,
-                                 "predicted": r.predicted, "error_pct": r.error_pct,
-                                 "note": r.note, "drifting": drifting,
-                                 "driver_wait_share": wait, "role": role})
+                at_speed = prof.fit_run_ratio is not None and bool(log_ranges(run))
+                for label, corrected in [(name, False)] + (
+                        [(name + AT_RUN_SPEED, True)] if at_speed else []):
+                    pred = predict_run(run, prof, at_run_speed=corrected)
+                    for r in pred.table.itertuples():
+                        rows.append({"model": model, "seed": seed, "concurrency": conc,
+                                     "profile": label, "metric": r.key, "measured": r.measured,
+                                     "predicted": r.predicted, "error_pct": r.error_pct,
+                                     "note": r.note, "drifting": drifting,
+                                     "driver_wait_share": wait, "role": role,
+                                     "speed": pred.speed})
             progress(f"grid {model}: seed {seed} concurrency {conc} "
                      + ("repeated" if role == "repeat" else "done")
                      + (" (server drifting)" if drifting else ""))
@@ -162,6 +173,7 @@ def write_grid(df: pd.DataFrame, out: Path) -> tuple[Path, Path]:
         for (model, prof, seed), g in sub.groupby(["model", "profile", "seed"]):
             line = g[g.role != "repeat"].sort_values("concurrency")
             drawn = ax.plot(line.concurrency, line.error_pct, marker="o", ms=3,
+                            ls="--" if prof.endswith(AT_RUN_SPEED) else "-",
                             label=f"{model} {prof} s{seed}")
             again = g[g.role == "repeat"]
             ax.plot(again.concurrency, again.error_pct, "x", ms=7,
@@ -194,9 +206,9 @@ def _cells(row, cols: list[str]) -> str:
 def format_held_out(wide: pd.DataFrame) -> str:
     """The held-out table as text (errors in %)."""
     cols = [m for m in HEADLINE if m in wide]
-    lines = [f"{'model':<11}{'profile':<15}{'seed':>5}{'conc':>5}" + _heads(cols) + "  goal"]
+    lines = [f"{'model':<11}{'profile':<25}{'seed':>5}{'conc':>5}" + _heads(cols) + "  goal"]
     for _, r in wide.iterrows():
-        lines.append(f"{r.model:<11}{r.profile:<15}{r.seed:>5}{r.concurrency:>5}"
+        lines.append(f"{r.model:<11}{r.profile:<25}{r.seed:>5}{r.concurrency:>5}"
                      + _cells(r, cols) + ("  met" if r.within_goal else "  missed"))
     return "\n".join(lines)
 

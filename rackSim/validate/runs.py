@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from rackSim.config.specs import WorkloadSpec
@@ -79,6 +80,29 @@ def log_ranges(run: Path) -> list[tuple[Path, int, int]]:
             for r in meta.get("server_log", [])]
 
 
+def run_speed(run: Path, profile: Profile) -> float:
+    """How many times slower (> 1) or faster the server computed during `run` than during
+    `profile`'s fitting run: the median over the run's iteration-log steps of logged / fitted
+    step time (overhead excluded), over the same median on the fitting run
+    (`Profile.fit_run_ratio`). One number measured during the run, from its steps' own counts."""
+    from rackSim.validate.ingest import read_iteration_log
+
+    ref = profile.fit_run_ratio
+    if ref is None:
+        raise ValueError("--at-run-speed: the profile has no step jitter, so no reference "
+                         "speed; use a profile fitted on an iteration log (fit --source log)")
+    ranges = log_ranges(run)
+    if not ranges:
+        raise ValueError(f"--at-run-speed: {run} kept no server log range, so its speed is not "
+                         "known; record runs with `run --server-log`")
+    steps = [row for path, a, b in ranges for row in read_iteration_log(path, a, b)]
+    if not steps:
+        raise ValueError(f"--at-run-speed: no iteration lines in {run}'s server log range")
+    logged = np.array([s[3] for s in steps])
+    fitted = np.array([profile.step_ms(s[5], s[4], s[6]) for s in steps]) - profile.overhead_ms
+    return float(np.median(logged / fitted)) / ref
+
+
 def fit_run(run: Path, source: str, shape: ServerShape, refine: bool = False,
             ranges: list[tuple[Path, int, int]] | None = None) -> Profile:
     """Fit a profile on `run`: source 'log' (its iteration-log ranges, or `ranges`) or
@@ -117,12 +141,15 @@ class Prediction:
     predicted: dict
     table: pd.DataFrame
     sessions: list[SessionGraph]
+    speed: float  # the profile was priced this many times slower (1: as fitted)
 
 
-def predict_run(run: Path, profile: Profile, allow_other_shape: bool = False) -> Prediction:
+def predict_run(run: Path, profile: Profile, allow_other_shape: bool = False,
+                at_run_speed: bool = False) -> Prediction:
     """Simulate `run`'s workload (same seed) on the colocated model priced by `profile` and
     compare with what was measured. A profile of another server shape is refused unless
-    `allow_other_shape`."""
+    `allow_other_shape`. `at_run_speed`: price the engine at the speed the run measured
+    (`run_speed`), which separates the model's error from the machine's speed that day."""
     from rackSim.validate.colocated import simulate_colocated
     from rackSim.validate.compare import compare_summaries, summarize_run, ttft_all_mean_ms
     from rackSim.validate.ingest import load_driver_run
@@ -140,6 +167,9 @@ def predict_run(run: Path, profile: Profile, allow_other_shape: bool = False) ->
     recs, t0, t1 = load_driver_run(run)
     if not recs:
         raise ValueError(f"--run {run}: no request records; nothing to compare")
+    speed = run_speed(run, profile) if at_run_speed else 1.0
+    if at_run_speed:
+        profile = profile.at_speed(speed)
     sessions = load_sessions(wl, seed)
     sim = simulate_colocated(sessions, wl.replay, profile, seed=seed)
     scrapes = run / "scrapes.jsonl"
@@ -149,4 +179,5 @@ def predict_run(run: Path, profile: Profile, allow_other_shape: bool = False) ->
     predicted = summarize_run(
         sim.records, sim.window_start_s, sim.window_end_s, "simulated", sessions=sessions,
         server_ttft_mean_ms=ttft_all_mean_ms(sim.records) - profile.api_overhead_ms).summary
-    return Prediction(measured, predicted, compare_summaries(measured, predicted), sessions)
+    return Prediction(measured, predicted, compare_summaries(measured, predicted), sessions,
+                      speed)

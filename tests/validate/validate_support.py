@@ -50,9 +50,11 @@ def measure(server: VllmServer, concurrency: int, out: Path, window_s: float = W
 
 
 def simulated_run_dir(d: Path, concurrency: int, seed: int, window_s: float = 15.0,
-                      truth=None) -> Path:
+                      truth=None, iteration_log: bool = False) -> Path:
     """A run directory laid out exactly as `racksim-validate run` writes it, whose records
-    come from the colocated model priced by `truth` (a Profile; default TRUE_PROFILE)."""
+    come from the colocated model priced by `truth` (a Profile; default TRUE_PROFILE).
+    `iteration_log`: also a server log whose iteration lines are the simulated steps (elapsed
+    time without the between-steps overhead, as vLLM logs it), kept as the run's log range."""
     import json
 
     from rackSim.perf.measured import Profile, ServerShape
@@ -68,7 +70,17 @@ def simulated_run_dir(d: Path, concurrency: int, seed: int, window_s: float = 15
         w.write(r, f"{r.session_key}:{r.rid}:r", "sim")
     w.close()
     shape = truth.server
+    log = []
+    if iteration_log:
+        path = d / "server.log"
+        path.write_text("".join(
+            f"INFO Engine 000: Iteration({row[1]}): {row[4]} context requests, {row[5]} context "
+            f"tokens, {row[6]} generation requests, {int(row[7])} generation tokens, iteration "
+            f"elapsed time: {row[3] - truth.overhead_ms:.3f} ms, CPU KV cache usage: 0.0%\n"
+            for row in sim.steps))
+        log = [{"path": str(path), "start_byte": 0, "end_byte": path.stat().st_size}]
     (d / "run.json").write_text(json.dumps({
+        "server_log": log,
         "window_start_s": sim.window_start_s, "window_end_s": sim.window_end_s,
         "endpoints": [{"url": "http://x", "model": "tiny", "max_model_len": 4096,
                        "shape": {"block_tokens": shape.block_tokens,
