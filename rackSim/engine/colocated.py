@@ -45,15 +45,17 @@ class ColocatedInstance(DecodeInstance):
 
     token_budget: tokens per rank per step; block_tokens: the server's KV block size, the
     granularity of prefix hits (a multiple of the simulator's 64-token blocks);
-    api_delay_s: front-end time before a request reaches the scheduler (s); on_prefilled:
-    called when a request's prompt is computed."""
+    api_delay_s: front-end time before a request reaches the scheduler (s); output_delay_s:
+    front-end time per output token (s; a step's n outputs reach their clients (n + 1) / 2 x
+    this after it ends); on_prefilled: called when a request's prompt is computed."""
 
     def __init__(self, env: simpy.Environment, index: int, ranks: int, token_budget: int,
                  max_seqs_per_rank: int, accepted: float, draft_tokens: int,
                  caches: list[TieredPrefixCache], model: StepModel, kv_bytes_per_token: float,
                  itl: LatencyHistogram, in_window: Callable[[float], bool], trace_tokens: bool,
                  on_prefilled: Callable[[Job], None], on_step: Callable[..., None],
-                 rack: int = 0, block_tokens: int = BLOCK_TOKENS, api_delay_s: float = 0.0):
+                 rack: int = 0, block_tokens: int = BLOCK_TOKENS, api_delay_s: float = 0.0,
+                 output_delay_s: float = 0.0):
         if block_tokens % BLOCK_TOKENS:
             raise ValueError(f"block_tokens={block_tokens}: must be a multiple of "
                              f"{BLOCK_TOKENS}, the simulator's KV block")
@@ -63,7 +65,7 @@ class ColocatedInstance(DecodeInstance):
                          index=index, rack=rack)
         self.tiers = caches
         self.budget, self.block = token_budget, block_tokens
-        self.api_delay_s = api_delay_s
+        self.api_delay_s, self.output_delay_s = api_delay_s, output_delay_s
         self.on_prefilled = on_prefilled
         self.waiting: list[deque[Job]] = [deque() for _ in range(ranks)]
         self.prefilling: list[list[Job]] = [[] for _ in range(ranks)]

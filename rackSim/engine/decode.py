@@ -86,6 +86,10 @@ class DecodeInstance:
         self.step = 0
         self._wake: simpy.Event | None = None
         self._affinity: dict[int, int] = {}  # session key base -> rank it last used
+        #: front-end time per output token (s; 0 on a simulated rack): a step's n outputs
+        #: reach their clients (n + 1) / 2 x this after the step ends (`_seen`)
+        self.output_delay_s = 0.0
+        self._seen = 0.0
         env.process(self._loop())
 
     # -- placement ------------------------------------------------------------------------
@@ -213,8 +217,10 @@ class DecodeInstance:
         a = self.a
         n_running = len(self.running)
         retiring = self._finish.pop(step, ())
+        seen = self._seen = (end + self.output_delay_s * (n_running + 1) / 2
+                             if self.output_delay_s else end)
         for job in entered:
-            job.rec.first_token_s = end
+            job.rec.first_token_s = seen
         mid = n_running - len(entered)
         emitted = float(len(entered))
         window = self.in_window(end)
@@ -231,7 +237,7 @@ class DecodeInstance:
         if window and mid > 0:
             itl_add(dur * 1e3 / a, a * mid)
         if self.trace_tokens:
-            self._trace(end)
+            self._trace(seen)
         return emitted, retiring
 
     def _advance(self, end: float, retiring: Iterable[Job]) -> None:
@@ -317,6 +323,10 @@ class DecodeInstance:
         self.caches[r].unpin(job.path)
         self._affinity[job.inst.key_base] = r
         rec = job.rec
-        rec.finish_s = end
         rec.output_tokens = job.output_tokens
-        job.on_done(job)
+        if self.output_delay_s:  # its client sees the last token (and goes on) at `_seen`
+            rec.finish_s = self._seen
+            self.env.timeout(self._seen - end).callbacks.append(lambda _e: job.on_done(job))
+        else:
+            rec.finish_s = end
+            job.on_done(job)

@@ -8,8 +8,13 @@ engine step, which mixes prefill chunks and decode tokens:
               + per_decode_request_ms * decode_requests + per_context_token_ms * context_tokens
               + overhead_ms
 
-`api_overhead_ms` is a fixed per-request delay before a request reaches the scheduler; the
-profile also records the server's shape (scheduler limits, KV cache) it was measured on.
+`api_overhead_ms` is a fixed per-request delay before a request reaches the scheduler, of
+which `intake_ms` passes before the server stamps the request's arrival (HTTP, tokenising:
+the part its own TTFT does not count); `output_ms` is the front-end's CPU time per output
+token (the API server's and the measuring client's, both measured on the fitting run): a
+step's n outputs are handled one after another, so they reach the client on average
+(n + 1) / 2 x output_ms after the step ends, also outside the server's TTFT. The profile also
+records the server's shape (scheduler limits, KV cache) it was measured on.
 
 Steps with the same counts do not take the same time on a real server (on the 2-core CPU
 machine the logged time of batch-1 decode steps spans 0.4x-1.7x its fitted value, P10-P90).
@@ -67,6 +72,8 @@ class Profile:
     coeffs: dict[str, float]
     overhead_ms: float = 0.0
     api_overhead_ms: float = 0.0
+    intake_ms: float = 0.0
+    output_ms: float = 0.0
     server: ServerShape = field(default_factory=ServerShape)
     source: str = "iteration_log"
     provenance: dict = field(default_factory=dict)
@@ -101,6 +108,8 @@ class Profile:
                "step_ms": {k: float(self.coeffs[k]) for k in COEFFS},
                "overhead_ms": float(self.overhead_ms),
                "api_overhead_ms": float(self.api_overhead_ms),
+               "intake_ms": float(self.intake_ms),
+               "output_ms": float(self.output_ms),
                "step_jitter": [float(x) for x in self.step_jitter],
                "server": vars(self.server), "provenance": self.provenance,
                "residuals": self.residuals}
@@ -128,9 +137,18 @@ class Profile:
             raise ProfileInputError(f"profile '{path}': step_jitter must be a list of positive "
                                     "numbers (quantiles of logged / fitted step time); refit "
                                     "it with `racksim-validate fit`")
+        front = {k: doc.get(k, 0.0) for k in ("api_overhead_ms", "intake_ms", "output_ms")}
+        bad = [k for k, v in front.items() if not (isinstance(v, int | float) and v >= 0)]
+        if bad or front["intake_ms"] > front["api_overhead_ms"]:
+            raise ProfileInputError(
+                f"profile '{path}': {', '.join(bad) or 'intake_ms'} must be "
+                + ("a number >= 0 (ms)" if bad else "at most api_overhead_ms (the intake is "
+                   "part of the delay before the scheduler)")
+                + "; refit it with `racksim-validate fit`")
         return cls(coeffs={k: float(step[k]) for k in COEFFS},
                    overhead_ms=float(doc.get("overhead_ms", 0.0)),
-                   api_overhead_ms=float(doc.get("api_overhead_ms", 0.0)),
+                   api_overhead_ms=float(front["api_overhead_ms"]),
+                   intake_ms=float(front["intake_ms"]), output_ms=float(front["output_ms"]),
                    server=ServerShape(**(doc.get("server") or {})),
                    source=str(doc.get("source", "")), provenance=doc.get("provenance") or {},
                    residuals=doc.get("residuals") or {},

@@ -5,8 +5,9 @@ tokens in every step. The validated mode simulates it with the main engine's col
 instance (`rackSim.engine.colocated.ColocatedInstance`: decode tokens first, then chunked
 prefill up to `max_num_batched_tokens`, FIFO admission under `max_num_seqs`, prefix hits in
 whole KV blocks of the server's size, at most prompt - 1 tokens, the first token at the end
-of the step that completes the prompt) with one rank, the server's shape and front-end delay
-from the measured profile, and every step priced by `MeasuredStepModel.mixed_step`. Clients
+of the step that completes the prompt) with one rank, the server's shape and front-end delays
+(before the scheduler, and per output token after each step) from the measured
+profile, and every step priced by `MeasuredStepModel.mixed_step`. Clients
 are the simulator's own (`rackSim.engine.client.AgentClients` on `rackSim.workload.replay`),
 so the replay policy is the driver's; every token's time is recorded so ITL is computed from
 token times exactly as for the measured run. No speculative decoding (the measured server
@@ -65,7 +66,7 @@ def simulate_colocated(sessions: list[SessionGraph], replay: ReplaySpec, profile
         MeasuredStepModel.from_profile(profile, seed=seed), 0.0, LatencyHistogram(),
         lambda _t: False,
         True, lambda _job: None, on_step, block_tokens=shape.block_tokens,
-        api_delay_s=profile.api_overhead_ms / 1e3)
+        api_delay_s=profile.api_overhead_ms / 1e3, output_delay_s=profile.output_ms / 1e3)
     rp = ClosedLoopReplay(sessions, replay, seed)
 
     def warm(inst: SessionInstance, spec: RequestSpec) -> None:

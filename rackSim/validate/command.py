@@ -379,6 +379,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     print(f"profile ({prof.source}) -> {out}\n  " + ", ".join(
         f"{k}={v:.4g}" for k, v in prof.coeffs.items())
           + f", overhead_ms={prof.overhead_ms:.3g}, api_overhead_ms={prof.api_overhead_ms:.3g}"
+          f" (intake_ms={prof.intake_ms:.3g}), output_ms={prof.output_ms:.3g}"
           f"\n  residuals: rmse {res['rmse_ms']:.3g} ms, r2 {res['r2']:.3f}, "
           f"|err| p50 {res['abs_pct_p50']:.1f}%")
     return EXIT_OK

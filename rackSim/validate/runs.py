@@ -103,6 +103,29 @@ def run_speed(run: Path, profile: Profile) -> float:
     return float(np.median(logged / fitted)) / ref
 
 
+def frontend_output_ms(run: Path, recs: list) -> tuple[float, dict]:
+    """Front-end CPU per output token on `run` (ms) and where it came from: the API server's
+    (its `process_cpu_seconds_total` over its `vllm:generation_tokens_total`, /metrics before
+    and after the run) plus the measuring driver's (`driver_cpu_s` of run.json over the tokens
+    of its records). A part the run did not record counts 0 and is named in the provenance."""
+    from rackSim.validate.scrape import read_scrapes, run_delta
+
+    path = run / "scrapes.jsonl"
+    scrapes = read_scrapes(path) if path.exists() else []
+    api_cpu = run_delta(scrapes, "process_cpu_seconds_total")
+    api_tokens = run_delta(scrapes, "vllm:generation_tokens_total")
+    api = api_cpu / api_tokens * 1e3 if api_tokens > 0 and api_cpu >= 0 else 0.0
+    meta = json.loads((run / "run.json").read_text())
+    drv_cpu = sum(s.get("driver_cpu_s", 0.0) for s in meta.get("segments", []))
+    drv_tokens = sum(r.output_tokens for r in recs)
+    drv = drv_cpu / drv_tokens * 1e3 if drv_tokens > 0 else 0.0
+    prov = {"api_server_ms": api, "driver_ms": drv, "from": str(run),
+            "how": "CPU seconds over output tokens: API server (/metrics), driver (run.json)"}
+    if not api:
+        prov["missing"] = "the API server's CPU or token counters (no /metrics scrapes)"
+    return api + drv, prov
+
+
 def fit_run(run: Path, source: str, shape: ServerShape, refine: bool = False,
             ranges: list[tuple[Path, int, int]] | None = None) -> Profile:
     """Fit a profile on `run`: source 'log' (its iteration-log ranges, or `ranges`) or
@@ -126,11 +149,42 @@ def fit_run(run: Path, source: str, shape: ServerShape, refine: bool = False,
                                  inputs=[f"{p}[{a}:{b}]" for p, a, b in ranges] + [str(run)])
     else:
         prof = fit_driver_records(recs, shape, inputs=[str(run)])
+    # the front-end per output token is measured; the constant keeps the rest (a request
+    # alone in its step is handled first: one output's worth; `refine` then sets it exactly)
+    prof.output_ms, prof.provenance["output_ms"] = frontend_output_ms(run, recs)
+    prof.api_overhead_ms = max(0.0, prof.api_overhead_ms - prof.output_ms)
+    wl, seed = run_workload(run)
+    sessions = load_sessions(wl, seed)
     if refine:
-        wl, seed = run_workload(run)
-        prof = refine_overheads(prof, load_sessions(wl, seed), wl.replay, seed,
+        prof = refine_overheads(prof, sessions, wl.replay, seed,
                                 summarize_run(recs, t0, t1, "measured").summary)
+    prof.intake_ms, prof.provenance["intake_ms"] = frontend_intake_ms(run, recs, prof, sessions)
     return prof
+
+
+def frontend_intake_ms(run: Path, recs: list, prof: Profile, sessions: list[SessionGraph]
+                       ) -> tuple[float, dict]:
+    """The part of `prof`'s delay before the scheduler that passes before the server stamps a
+    request (ms), and where it came from: the run's client-minus-server TTFT mean (the
+    server's from its /metrics histogram) less the output delay the model gives the same
+    run's first tokens, within [0, api_overhead_ms]. 0 when the run has no server TTFT."""
+    from rackSim.validate.colocated import simulate_colocated
+    from rackSim.validate.compare import ttft_all_mean_ms
+    from rackSim.validate.scrape import read_scrapes, server_ttft_mean_ms
+
+    path = run / "scrapes.jsonl"
+    server = server_ttft_mean_ms(read_scrapes(path)) if path.exists() else math.nan
+    if math.isnan(server):
+        return 0.0, {"missing": "the server's TTFT histogram (no /metrics scrapes)"}
+    gap = ttft_all_mean_ms(recs) - server
+    wl, seed = run_workload(run)
+    sim = simulate_colocated(sessions, wl.replay, prof, seed=seed)
+    delay = [(r.first_token_s - r.prefill_end_s) * 1e3 for r in sim.records
+             if r.error is None and not math.isnan(r.first_token_s)]
+    out = float(np.mean(delay)) if delay else 0.0
+    intake = min(max(gap - out, 0.0), prof.api_overhead_ms)
+    return intake, {"client_minus_server_ttft_ms": gap, "output_delay_ms": out,
+                    "from": str(run)}
 
 
 @dataclass
@@ -151,7 +205,7 @@ def predict_run(run: Path, profile: Profile, allow_other_shape: bool = False,
     `allow_other_shape`. `at_run_speed`: price the engine at the speed the run measured
     (`run_speed`), which separates the model's error from the machine's speed that day."""
     from rackSim.validate.colocated import simulate_colocated
-    from rackSim.validate.compare import compare_summaries, summarize_run, ttft_all_mean_ms
+    from rackSim.validate.compare import compare_summaries, summarize_run
     from rackSim.validate.ingest import load_driver_run
     from rackSim.validate.scrape import read_scrapes, server_ttft_mean_ms
     from rackSim.workload.sources import load_sessions
@@ -176,8 +230,13 @@ def predict_run(run: Path, profile: Profile, allow_other_shape: bool = False,
     server_ttft = server_ttft_mean_ms(read_scrapes(scrapes)) if scrapes.exists() else math.nan
     measured = summarize_run(recs, t0, t1, "measured", sessions=sessions,
                              server_ttft_mean_ms=server_ttft).summary
+    # the server stamps a request after the front-end's intake and times its first token at
+    # the end of the step that computes it (before the front-end hands it out)
+    engine_ttft = [(r.prefill_end_s - r.send_s) * 1e3 for r in sim.records
+                   if r.error is None and not math.isnan(r.first_token_s)]
     predicted = summarize_run(
         sim.records, sim.window_start_s, sim.window_end_s, "simulated", sessions=sessions,
-        server_ttft_mean_ms=ttft_all_mean_ms(sim.records) - profile.api_overhead_ms).summary
+        server_ttft_mean_ms=(sum(engine_ttft) / len(engine_ttft) - profile.intake_ms
+                             if engine_ttft else math.nan)).summary
     return Prediction(measured, predicted, compare_summaries(measured, predicted), sessions,
                       speed)

@@ -62,3 +62,40 @@ def test_more_lanes_more_batching():
     assert max(r[6] for r in out.steps) >= 2  # decode steps batch several requests
     assert all(r.output_tokens == len(r.token_times_s) for r in out.records
                if r.finish_s == r.finish_s)
+
+
+def test_the_front_end_hands_a_step_s_outputs_out_one_after_another():
+    """output_ms per output token: a step with n running requests reaches its clients
+    (n + 1) / 2 x output_ms after it ends: first token, every token, the finish, and so the
+    client's next request; the engine's own steps do not move."""
+    base, fe = _run(_profile(api_ms=5.0)), _profile(api_ms=5.0)
+    fe.output_ms = 2.0
+    out = _run(fe)
+    pick = lambda o: {(r.session_key, r.rid): r for r in o.records}  # noqa: E731
+    a, b = pick(base), pick(out)
+    key = next(k for k, r in a.items() if k[1] == 0)
+    r0, f0 = a[key], b[key]
+    # alone in the engine (n = 1): every token one output's worth (2 ms) later than the
+    # engine's step end, counted from the request's send (itself later: the client saw the
+    # previous session's finish later)
+    assert f0.ttft_ms == pytest.approx(r0.ttft_ms + 2.0)
+    assert [(t - f0.send_s) - (s - r0.send_s)
+            for t, s in zip(f0.token_times_s, r0.token_times_s, strict=True)] \
+        == pytest.approx([2e-3] * 4)
+    assert f0.finish_s - f0.send_s == pytest.approx(r0.finish_s - r0.send_s + 2e-3)
+    # the engine's time is its own: the prompt is computed as long after the send as before
+    assert f0.prefill_end_s - f0.send_s == pytest.approx(r0.prefill_end_s - r0.send_s)
+    nxt = b[(key[0], 1)]
+    assert nxt.send_s == pytest.approx(f0.finish_s + 0.5)  # the client went on when it saw it
+
+
+def test_more_lanes_wait_for_more_outputs_ahead():
+    """With three lanes a step hands out up to three outputs: a first token waits
+    (n + 1) / 2 x output_ms for n = 1, 2 or 3 requests running in its step."""
+    fe = _profile()
+    fe.output_ms = 2.0
+    replay = ReplaySpec(concurrency=3, primer=False, warmup_requests_per_lane=0, window_s=1.0)
+    out = simulate_colocated([_chain()], replay, fe, seed=0)
+    n = {round(2 * (r.first_token_s - r.prefill_end_s) * 1e3 / 2.0 - 1, 9)
+         for r in out.records if r.first_token_s == r.first_token_s}
+    assert n <= {1.0, 2.0, 3.0} and max(n) > 1

@@ -1,0 +1,89 @@
+"""The front-end in a profile: CPU per output token from the API server's and the driver's
+counters, the intake from the run's client-minus-server TTFT, both by hand; the profile's
+file keeps them and refuses an intake larger than the delay it is part of."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from validate_support import TRUE_COEFFS, simulated_run_dir
+
+from rackSim.config.errors import ProfileInputError
+from rackSim.perf.measured import Profile, ServerShape
+from rackSim.validate.compare import ttft_all_mean_ms
+from rackSim.validate.ingest import load_driver_run
+from rackSim.validate.runs import fit_run, frontend_output_ms, predict_run
+
+
+def _scrapes(run, before: dict[str, float], after: dict[str, float]) -> None:
+    """A scrapes.jsonl with one 'before' and one 'after' scrape of these counters."""
+    lines = [{"t_s": t, "endpoint": "http://x", "label": label,
+              "samples": [[name, {}, value] for name, value in values.items()]}
+             for t, label, values in ((0.0, "before", before), (9.0, "after", after))]
+    (run / "scrapes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def _driver_cpu(run, seconds: float) -> None:
+    meta = json.loads((run / "run.json").read_text())
+    meta["segments"] = [{"driver_cpu_s": seconds / 2}, {"driver_cpu_s": seconds / 2}]
+    (run / "run.json").write_text(json.dumps(meta))
+
+
+@pytest.fixture
+def run(tmp_path):
+    return simulated_run_dir(tmp_path / "run", 3, 1, window_s=8.0)
+
+
+def test_cpu_per_output_token_is_the_api_server_s_plus_the_driver_s(run):
+    recs, _, _ = load_driver_run(run)
+    tokens = sum(r.output_tokens for r in recs)
+    _scrapes(run, {"process_cpu_seconds_total": 10.0, "vllm:generation_tokens_total": 100},
+             {"process_cpu_seconds_total": 10.6, "vllm:generation_tokens_total": 1100})
+    _driver_cpu(run, 0.3)
+    ms, prov = frontend_output_ms(run, recs)
+    # 0.6 s over 1000 tokens at the server, 0.3 s over the records' tokens at the driver
+    assert prov["api_server_ms"] == pytest.approx(0.6)
+    assert prov["driver_ms"] == pytest.approx(300.0 / tokens)
+    assert ms == pytest.approx(0.6 + 300.0 / tokens) and "missing" not in prov
+
+
+def test_a_run_without_scrapes_has_no_api_server_part_and_says_so(run):
+    recs, _, _ = load_driver_run(run)
+    ms, prov = frontend_output_ms(run, recs)
+    assert ms == 0.0 and "no /metrics scrapes" in prov["missing"]
+    prof = fit_run(run, "records", ServerShape())
+    assert prof.intake_ms == 0.0 and "TTFT histogram" in prof.provenance["intake_ms"]["missing"]
+
+
+def test_the_intake_is_the_client_minus_server_ttft_the_outputs_do_not_explain(run):
+    recs, _, _ = load_driver_run(run)
+    n = sum(1 for r in recs if r.error is None and r.first_token_s == r.first_token_s)
+    client = ttft_all_mean_ms(recs)
+    # the server counted every request's TTFT 4 ms shorter than its client; no CPU counters,
+    # so no output delay: all 4 ms are intake
+    _scrapes(run, {"vllm:time_to_first_token_seconds_sum": 0.0,
+                   "vllm:time_to_first_token_seconds_count": 0},
+             {"vllm:time_to_first_token_seconds_sum": n * (client - 4.0) / 1e3,
+              "vllm:time_to_first_token_seconds_count": n})
+    prof = fit_run(run, "records", ServerShape(), refine=True)
+    assert prof.output_ms == 0.0 and prof.api_overhead_ms > 4.0
+    assert prof.intake_ms == pytest.approx(4.0, abs=1e-6)
+    assert prof.provenance["intake_ms"]["client_minus_server_ttft_ms"] == pytest.approx(4.0)
+    # and the prediction's server TTFT leaves the intake (and any output delay) out
+    pred = predict_run(run, prof)
+    gap = pred.predicted["ttft_all_mean_ms"] - pred.predicted["server_ttft_mean_ms"]
+    assert gap == pytest.approx(4.0, abs=0.5)
+
+
+def test_the_profile_file_keeps_the_front_end_and_refuses_an_intake_beyond_its_delay(tmp_path):
+    prof = Profile(coeffs=dict(TRUE_COEFFS), api_overhead_ms=9.0, intake_ms=6.0, output_ms=1.2)
+    back = Profile.from_yaml(prof.to_yaml(tmp_path / "p.yaml"))
+    assert (back.api_overhead_ms, back.intake_ms, back.output_ms) == (9.0, 6.0, 1.2)
+    text = (tmp_path / "p.yaml").read_text()
+    (tmp_path / "big.yaml").write_text(text.replace("intake_ms: 6.0", "intake_ms: 12.0"))
+    with pytest.raises(ProfileInputError, match="intake_ms must be at most api_overhead_ms"):
+        Profile.from_yaml(tmp_path / "big.yaml")
+    (tmp_path / "neg.yaml").write_text(text.replace("output_ms: 1.2", "output_ms: -1"))
+    with pytest.raises(ProfileInputError, match="output_ms must be a number >= 0"):
+        Profile.from_yaml(tmp_path / "neg.yaml")
