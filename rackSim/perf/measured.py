@@ -23,11 +23,15 @@ fitting run; each step draws one (seeded) and multiplies the step's model time b
 the between-steps overhead. An empty list (black-box profiles, older files) means none.
 
 The same server does not compute at the same speed from one run to the next on a shared
-machine (the 2-core CPU machine's median logged / fitted step time ranged 0.6x-1.6x over the
-runs of one grid). `at_speed` prices the engine `factor` times slower (step coefficients and
-the per-step overhead scaled; the front-end's `api_overhead_ms` as fitted), and
-`fit_run_ratio` is the fitting run's own median logged / fitted step time, the reference a
-run's speed is measured against (`rackSim.validate.runs.run_speed`).
+machine: on the 2-core CPU machine the median logged / fitted time of decode-only steps
+ranged 0.6x-1.6x over the runs of one grid, while steps with prefill (GEMM-heavy) moved far
+less and not with them. `step_ratios` keeps the fitting run's median logged / fitted step
+time of each kind ("decode": decode-only steps, "prefill": steps with prefill tokens;
+`ratios` computes them over any logged steps), the reference a run's speed is measured
+against (`rackSim.validate.runs.run_speed`); `at_speed` prices the engine slower (> 1) or
+faster by one factor per kind: the constant, the decode and context terms and the
+between-steps overhead by the decode factor, the prefill terms by the prefill factor; the
+front-end's delays as fitted.
 
 `build_step_model` dispatches `cfg.perf.model == "measured"` here:
 `MeasuredStepModel(cfg, role=role, seed=seed)` reads `cfg.perf.profile`; a colocated instance
@@ -79,6 +83,7 @@ class Profile:
     provenance: dict = field(default_factory=dict)
     residuals: dict = field(default_factory=dict)
     step_jitter: list[float] = field(default_factory=list)
+    step_ratios: dict[str, float] = field(default_factory=dict)
 
     def step_ms(self, prefill_tokens: float, prefill_requests: float, decode_requests: float,
                 context_tokens: float = 0.0) -> float:
@@ -89,19 +94,35 @@ class Profile:
                 + c["per_decode_request_ms"] * decode_requests
                 + c["per_context_token_ms"] * context_tokens + self.overhead_ms)
 
-    @property
-    def fit_run_ratio(self) -> float | None:
-        """The fitting run's median logged / fitted step time (the median of `step_jitter`);
-        None for a profile without step jitter (not fitted on an iteration log)."""
-        return float(np.median(self.step_jitter)) if self.step_jitter else None
+    def ratios(self, steps: list[tuple]) -> dict[str, float]:
+        """How long logged `steps` (rows in STEP_COLUMNS order) took against this profile, per
+        kind of work: 'decode', the median logged / fitted time of decode-only steps (overhead
+        excluded); 'prefill', the median over steps with prefill tokens of what is left of the
+        logged time after the decode-side terms at that ratio, over the prefill terms. A kind
+        without steps is left out (and 'prefill' without 'decode' uses ratio 1 for the rest)."""
+        c, out = self.coeffs, {}
+        side = [(s[3], c["const_ms"] + c["per_decode_request_ms"] * s[6],
+                 c["per_prefill_token_ms"] * s[5] + c["per_prefill_request_ms"] * s[4])
+                for s in steps]
+        dec = [y / d for y, d, p in side if p == 0 and d > 0]
+        if dec:
+            out["decode"] = float(np.median(dec))
+        pf = [(y - out.get("decode", 1.0) * d) / p for y, d, p in side if p > 0]
+        if pf:
+            out["prefill"] = float(np.median(pf))
+        return out
 
-    def at_speed(self, factor: float) -> Profile:
-        """This profile on an engine `factor` times slower (> 1) or faster: step coefficients
-        and overhead_ms scaled, api_overhead_ms (the front-end) and the jitter as fitted."""
-        if not (factor > 0 and np.isfinite(factor)):
-            raise ValueError(f"speed factor {factor}: must be a positive number")
-        return replace(self, coeffs={k: v * factor for k, v in self.coeffs.items()},
-                       overhead_ms=self.overhead_ms * factor)
+    def at_speed(self, decode: float, prefill: float) -> Profile:
+        """This profile on an engine whose decode-side work (constant, decode and context
+        terms, between-steps overhead) takes `decode` times as long and whose prefill terms
+        take `prefill` times as long; the front-end and the jitter as fitted."""
+        for name, f in (("decode", decode), ("prefill", prefill)):
+            if not (f > 0 and np.isfinite(f)):
+                raise ValueError(f"{name} speed factor {f}: must be a positive number")
+        pf = ("per_prefill_token_ms", "per_prefill_request_ms")
+        return replace(self, coeffs={k: v * (prefill if k in pf else decode)
+                                     for k, v in self.coeffs.items()},
+                       overhead_ms=self.overhead_ms * decode)
 
     def to_yaml(self, path: Path) -> Path:
         doc = {"format": PROFILE_FORMAT, "kind": "measured_step_time", "source": self.source,
@@ -111,6 +132,7 @@ class Profile:
                "intake_ms": float(self.intake_ms),
                "output_ms": float(self.output_ms),
                "step_jitter": [float(x) for x in self.step_jitter],
+               "step_ratios": {k: float(v) for k, v in self.step_ratios.items()},
                "server": vars(self.server), "provenance": self.provenance,
                "residuals": self.residuals}
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -137,6 +159,12 @@ class Profile:
             raise ProfileInputError(f"profile '{path}': step_jitter must be a list of positive "
                                     "numbers (quantiles of logged / fitted step time); refit "
                                     "it with `racksim-validate fit`")
+        ratios = doc.get("step_ratios") or {}
+        if not (isinstance(ratios, dict) and set(ratios) <= {"decode", "prefill"}
+                and all(isinstance(v, int | float) and v > 0 for v in ratios.values())):
+            raise ProfileInputError(f"profile '{path}': step_ratios must map decode / prefill "
+                                    "to positive numbers (median logged / fitted step time); "
+                                    "refit it with `racksim-validate fit`")
         front = {k: doc.get(k, 0.0) for k in ("api_overhead_ms", "intake_ms", "output_ms")}
         bad = [k for k, v in front.items() if not (isinstance(v, int | float) and v >= 0)]
         if bad or front["intake_ms"] > front["api_overhead_ms"]:
@@ -152,7 +180,8 @@ class Profile:
                    server=ServerShape(**(doc.get("server") or {})),
                    source=str(doc.get("source", "")), provenance=doc.get("provenance") or {},
                    residuals=doc.get("residuals") or {},
-                   step_jitter=[float(x) for x in jitter])
+                   step_jitter=[float(x) for x in jitter],
+                   step_ratios={k: float(v) for k, v in ratios.items()})
 
 
 class MeasuredStepModel:

@@ -162,8 +162,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="compare even if the profile was fitted on a server of another shape")
     c.add_argument("--at-run-speed", action="store_true",
                    help="price the engine at the speed the run's iteration log measured "
-                        "(median logged / fitted step time against the fitting run's): the "
-                        "model's error apart from the machine's speed that run")
+                        "(median logged / fitted time of decode-only steps and of steps with "
+                        "prefill, against the fitting run's): the model's error apart from "
+                        "the machine's speed that run")
     g = sub.add_parser("grid", formatter_class=HELP,
                        help="fit at one concurrency on a local server, predict a grid of "
                             "others, write the error table and figure")
@@ -396,7 +397,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                        at_run_speed=args.at_run_speed)
     out = args.out or args.run / "compare"
     title = f"{args.run.name}: concurrency {wl.replay.concurrency}, profile {prof.source}" + (
-        f" at the run's speed ({pred.speed:.2f}x its fitting run's step time)"
+        f" at the run's speed (decode {pred.speed['decode']:.2f}x, prefill "
+        f"{pred.speed['prefill']:.2f}x its fitting run's step time)"
         if args.at_run_speed else "")
     csv, png = write_comparison(pred.table, out, title)
     print(format_table(pred.table, title))

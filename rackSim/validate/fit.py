@@ -85,6 +85,7 @@ def fit_iteration_log(steps: list[tuple], shape: ServerShape | None = None,
     jitter = np.quantile(y / np.maximum(pred, 1e-9), levels)
     prof = Profile(coeffs=coeffs, server=shape or ServerShape(), source="iteration_log",
                    residuals=residuals, step_jitter=[float(x) for x in jitter])
+    prof.step_ratios = prof.ratios(steps)
     extra: dict = {"steps": len(steps), "logged_step_ms_total": float(y.sum())}
     if records:
         busy = _busy_s(records)

@@ -9,16 +9,16 @@ row is marked `fit` (it checks the fit, not a prediction); every other row is he
 (role `repeat`): how far the server repeats its own measurement bounds how close any
 prediction can come (`repeatability`).
 A profile fitted on the iteration log predicts every run a second time at the speed that run
-measured (profile `<name>@run_speed`, `rackSim.validate.runs.run_speed`: one number per run,
-the median of its logged over fitted step time): on a machine whose speed wanders from run to
-run, it tells the model's own error from the machine's (the goal is judged on the first).
-Each run keeps its drift probe, so a row from a drifting server is marked, and the share of
-the run its driver waited for a CPU. Output: `grid.csv` (one row per model x seed x
-concurrency x profile x metric: measured, predicted, error_pct, role, drifting,
-driver_wait_share, speed = the factor the profile was priced at), `grid.png` (error against
-concurrency per headline metric, the goal bands shaded, the repeated point as a cross, the
-predictions at run speed dashed) and the printed tables of held-out errors and of
-repeatability.
+measured (profile `<name>@run_speed`, `rackSim.validate.runs.run_speed`: two numbers per run,
+the median of its logged over fitted step time for decode-only steps and for steps with
+prefill): on a machine whose speed wanders from run to run, it tells the model's own error
+from the machine's (the goal is judged on the first). Each run keeps its drift probe, so a row
+from a drifting server is marked, and the share of the run its driver waited for a CPU.
+Output: `grid.csv` (one row per model x seed x concurrency x profile x metric: measured,
+predicted, error_pct, role, drifting, driver_wait_share, speed_decode / speed_prefill = the
+factors the profile was priced at), `grid.png` (error against concurrency per headline
+metric, the goal bands shaded, the repeated point as a cross, the predictions at run speed
+dashed) and the printed tables of held-out errors and of repeatability.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def run_grid(spec: GridSpec, runner: Runner, out: Path, model: str,
                 conc, seed, base / (f"c{conc}" + ("-repeat" if role == "repeat" else "")))
             drifting, wait = _drifting_and_wait(run)
             for name, prof in profiles.items():
-                at_speed = prof.fit_run_ratio is not None and bool(log_ranges(run))
+                at_speed = bool(prof.step_ratios) and bool(log_ranges(run))
                 for label, corrected in [(name, False)] + (
                         [(name + AT_RUN_SPEED, True)] if at_speed else []):
                     pred = predict_run(run, prof, at_run_speed=corrected)
@@ -124,7 +124,8 @@ def run_grid(spec: GridSpec, runner: Runner, out: Path, model: str,
                                      "predicted": r.predicted, "error_pct": r.error_pct,
                                      "note": r.note, "drifting": drifting,
                                      "driver_wait_share": wait, "role": role,
-                                     "speed": pred.speed})
+                                     "speed_decode": pred.speed["decode"],
+                                     "speed_prefill": pred.speed["prefill"]})
             progress(f"grid {model}: seed {seed} concurrency {conc} "
                      + ("repeated" if role == "repeat" else "done")
                      + (" (server drifting)" if drifting else ""))

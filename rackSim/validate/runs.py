@@ -80,27 +80,26 @@ def log_ranges(run: Path) -> list[tuple[Path, int, int]]:
             for r in meta.get("server_log", [])]
 
 
-def run_speed(run: Path, profile: Profile) -> float:
+def run_speed(run: Path, profile: Profile) -> dict[str, float]:
     """How many times slower (> 1) or faster the server computed during `run` than during
-    `profile`'s fitting run: the median over the run's iteration-log steps of logged / fitted
-    step time (overhead excluded), over the same median on the fitting run
-    (`Profile.fit_run_ratio`). One number measured during the run, from its steps' own counts."""
+    `profile`'s fitting run, per kind of work ('decode', 'prefill'): `Profile.ratios` of the
+    run's iteration-log steps over the same ratios on the fitting run (`Profile.step_ratios`).
+    Read from the run's own steps; a kind the run or the fitting run lacks takes the other
+    kind's factor."""
     from rackSim.validate.ingest import read_iteration_log
 
-    ref = profile.fit_run_ratio
-    if ref is None:
-        raise ValueError("--at-run-speed: the profile has no step jitter, so no reference "
+    if not profile.step_ratios:
+        raise ValueError("--at-run-speed: the profile has no step_ratios, so no reference "
                          "speed; use a profile fitted on an iteration log (fit --source log)")
     ranges = log_ranges(run)
     if not ranges:
         raise ValueError(f"--at-run-speed: {run} kept no server log range, so its speed is not "
                          "known; record runs with `run --server-log`")
-    steps = [row for path, a, b in ranges for row in read_iteration_log(path, a, b)]
-    if not steps:
+    now = profile.ratios([row for path, a, b in ranges for row in read_iteration_log(path, a, b)])
+    speed = {k: now[k] / profile.step_ratios[k] for k in now if k in profile.step_ratios}
+    if not speed:
         raise ValueError(f"--at-run-speed: no iteration lines in {run}'s server log range")
-    logged = np.array([s[3] for s in steps])
-    fitted = np.array([profile.step_ms(s[5], s[4], s[6]) for s in steps]) - profile.overhead_ms
-    return float(np.median(logged / fitted)) / ref
+    return {k: speed.get(k, next(iter(speed.values()))) for k in ("decode", "prefill")}
 
 
 def frontend_output_ms(run: Path, recs: list) -> tuple[float, dict]:
@@ -195,7 +194,7 @@ class Prediction:
     predicted: dict
     table: pd.DataFrame
     sessions: list[SessionGraph]
-    speed: float  # the profile was priced this many times slower (1: as fitted)
+    speed: dict[str, float]  # decode / prefill work priced this many times slower (1: as fitted)
 
 
 def predict_run(run: Path, profile: Profile, allow_other_shape: bool = False,
@@ -221,9 +220,9 @@ def predict_run(run: Path, profile: Profile, allow_other_shape: bool = False,
     recs, t0, t1 = load_driver_run(run)
     if not recs:
         raise ValueError(f"--run {run}: no request records; nothing to compare")
-    speed = run_speed(run, profile) if at_run_speed else 1.0
+    speed = run_speed(run, profile) if at_run_speed else {"decode": 1.0, "prefill": 1.0}
     if at_run_speed:
-        profile = profile.at_speed(speed)
+        profile = profile.at_speed(**speed)
     sessions = load_sessions(wl, seed)
     sim = simulate_colocated(sessions, wl.replay, profile, seed=seed)
     scrapes = run / "scrapes.jsonl"

@@ -8,8 +8,8 @@ Stated tolerances on held-out points, from the iteration-log profile (errors are
 extrapolate further than test_validate_real_server's (4 -> 8 lanes): on a machine shared with
 other test suites the tiny MoE's throughput at 8 lanes came out +58 % (the drift probe flagged
 the run), the dense model's at 12 lanes +33 % in the full grid. A factor of 2 still catches a
-broken fit or a broken replay. The goal of 10 % / 5 % is reported in the printed table (run
-with -s), not asserted.
+broken fit or a broken replay. Predicted again at each run's own speed, ITL P50 within 35 %.
+The goal of 10 % / 5 % is reported in the printed table (run with -s), not asserted.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pytest
 
 from rackSim.validate.compare import HEADLINE
 from rackSim.validate.grid import (
+    AT_RUN_SPEED,
     GridSpec,
     format_held_out,
     format_repeatability,
@@ -40,11 +41,19 @@ SPEC = GridSpec(fit_concurrency=4, concurrencies=(2, 8), seeds=(5,), window_s=8.
 def _check(df):
     wide = held_out_table(df)
     print("\n" + format_held_out(wide))
-    assert sorted(wide.concurrency) == [2, 8] and set(HEADLINE) <= set(wide.columns)
-    for _, row in wide.iterrows():
+    raw = wide[wide.profile == "iteration_log"]
+    assert sorted(raw.concurrency) == [2, 8] and set(HEADLINE) <= set(wide.columns)
+    for _, row in raw.iterrows():
         tput, itl = row["throughput_tok_s_gpu"], row["itl_p50_ms"]
         for err in (tput, itl):
             assert not math.isnan(err) and 0.5 < 1 + err / 100 < 2.0, row.to_dict()
+    # again at each run's own speed (its iteration log): the machine's share of the error
+    # gone, ITL P50 within 35 % (worst of 60 points on 20-s windows: 20 %; these are 8 s)
+    again = wide[wide.profile == "iteration_log" + AT_RUN_SPEED]
+    assert sorted(again.concurrency) == [2, 8]
+    assert (again.itl_p50_ms.abs() < 35).all(), again.itl_p50_ms.tolist()
+    speed = df[df.profile.str.endswith(AT_RUN_SPEED)]
+    assert speed.speed_decode.between(0.3, 3).all() and speed.speed_prefill.between(0.3, 3).all()
     fit = df[(df.role == "fit") & (df.metric == "throughput_tok_s_gpu")]
     assert len(fit) == 1 and fit.drifting.dtype == bool
     # the fitting point replayed: the same workload on the same server; its throughput
