@@ -30,9 +30,11 @@ from rackSim.metrics.histogram import LatencyHistogram
 from rackSim.metrics.records import Records
 from rackSim.metrics.summary import Result, itl_from_token_times, summarize
 from rackSim.validate.colocated import ZERO_PRICING
+from rackSim.validate.scrape import SERVER_MEANS
 from rackSim.workload.graph import SessionGraph
 
 COALESCE_MS = 0.5
+NEAR_ZERO_MS = 1.0  # a time measured below this (an empty queue) gets no relative error
 BURSTY_SHARE = 0.05  # coalesced tokens above this share make raw per-token gaps meaningless
 RAW_ITL = ("itl_raw_p50_ms", "itl_raw_p90_ms")
 ROWS = (("TTFT P50 (ms)", "ttft_p50_ms"), ("TTFT P90 (ms)", "ttft_p90_ms"),
@@ -42,7 +44,9 @@ ROWS = (("TTFT P50 (ms)", "ttft_p50_ms"), ("TTFT P90 (ms)", "ttft_p90_ms"),
         ("cache hit rate", "cache_hit_rate"), ("client lag mean (ms)", "client_lag_mean_ms"),
         ("coalesced tokens", "coalesced_share"),
         ("TTFT mean, all (ms)", "ttft_all_mean_ms"),
-        ("TTFT mean at server (ms)", "server_ttft_mean_ms"))
+        ("TTFT mean at server (ms)", "server_ttft_mean_ms"),
+        ("queue mean at server (ms)", "server_queue_mean_ms"),
+        ("prefill mean at server (ms)", "server_prefill_mean_ms"))
 NOT_COMPARED = ("client_lag_mean_ms", "coalesced_share")  # descriptive: no error is computed
 HEADLINE = ("ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms", "throughput_tok_s_gpu")
 
@@ -122,12 +126,13 @@ def client_lag_ms(records: Records, sessions: list[SessionGraph]) -> np.ndarray:
 def summarize_run(records: Records, t0: float, t1: float, label: str,
                   coalesce_ms: float = COALESCE_MS,
                   sessions: list[SessionGraph] | None = None,
-                  server_ttft_mean_ms: float = math.nan) -> Result:
+                  server: dict[str, float] | None = None) -> Result:
     """Summary of a measured or simulated run over [t0, t1) with both ITL views (and the
     client's mean reaction lag when `sessions` are given). Two TTFT means cover the whole run
     (primer and warm-up included, as the server's own histogram does): as the client saw it,
-    and as the server measured it (`server_ttft_mean_ms`: from /metrics for a measured run,
-    the client's minus the front-end delay for a simulated one); their difference is the
+    and as the server measured it, with the server's queue and prefill means (`server`, keys
+    of `scrape.SERVER_MEANS`: from /metrics for a measured run, `runs.simulated_server_means_ms`
+    for a simulated one; NaN when absent); the client's minus the server's TTFT is the
     front-end's share."""
     itl = itl_from_deliveries(records, t0, t1, coalesce_ms)
     raw = itl_from_token_times(records, t0, t1)
@@ -138,7 +143,7 @@ def summarize_run(records: Records, t0: float, t1: float, label: str,
                       "client_lag_mean_ms": float(lag.mean()) if lag.size else math.nan,
                       "coalesced_share": coalesced_share(records, t0, t1, coalesce_ms),
                       "ttft_all_mean_ms": ttft_all_mean_ms(records),
-                      "server_ttft_mean_ms": server_ttft_mean_ms})
+                      **{k: (server or {}).get(k, math.nan) for k in SERVER_MEANS}})
 
 
 def ttft_all_mean_ms(records: Records) -> float:
@@ -156,7 +161,8 @@ def _fmt(x: float, spec: str) -> str:
 
 def compare_summaries(measured: dict, predicted: dict) -> pd.DataFrame:
     """One row per metric: measured, predicted, error_pct = (pred - meas) / meas x 100, and a
-    note where no error is computed (descriptive rows; raw ITL when tokens are bursty)."""
+    note where no error is computed (descriptive rows; raw ITL when tokens are bursty; a time
+    measured under NEAR_ZERO_MS, such as an empty queue)."""
     shares = [float(side.get("coalesced_share", math.nan)) for side in (measured, predicted)]
     share = max((x for x in shares if not math.isnan(x)), default=0.0)
     bursty = share > BURSTY_SHARE
@@ -168,6 +174,8 @@ def compare_summaries(measured: dict, predicted: dict) -> pd.DataFrame:
             note = "descriptive"
         elif key in RAW_ITL and bursty:
             note = f"bursty ({share:.0%} of tokens coalesced)"
+        elif key.endswith("_ms") and abs(m) < NEAR_ZERO_MS:
+            note = f"under {NEAR_ZERO_MS:g} ms measured: no relative error"
         err = (p - m) / m * 100 if not note and m and not math.isnan(m) and not math.isnan(p) \
             else math.nan
         rows.append({"metric": label, "key": key, "measured": m, "predicted": p,
@@ -178,7 +186,7 @@ def compare_summaries(measured: dict, predicted: dict) -> pd.DataFrame:
 def format_table(df: pd.DataFrame, title: str = "") -> str:
     """The comparison as aligned text: 'bursty' or 'n/a' where no error is meaningful."""
     lines = [title] if title else []
-    lines.append(f"{'metric':<22}{'measured':>12}{'predicted':>12}{'error':>10}")
+    lines.append(f"{'metric':<28}{'measured':>12}{'predicted':>12}{'error':>10}")
     for r in df.itertuples():
         if r.note.startswith("bursty"):
             err = "bursty"
@@ -186,7 +194,7 @@ def format_table(df: pd.DataFrame, title: str = "") -> str:
             err = "n/a"
         else:
             err = _fmt(r.error_pct, "+.1f") + "%"
-        lines.append(f"{r.metric:<22}{_fmt(r.measured, '.2f'):>12}"
+        lines.append(f"{r.metric:<28}{_fmt(r.measured, '.2f'):>12}"
                      f"{_fmt(r.predicted, '.2f'):>12}{err:>10}")
     return "\n".join(lines)
 

@@ -186,6 +186,26 @@ def frontend_intake_ms(run: Path, recs: list, prof: Profile, sessions: list[Sess
                     "from": str(run)}
 
 
+def simulated_server_means_ms(sim, profile: Profile) -> dict[str, float]:
+    """What the simulated server's own histograms would say (ms; `scrape.SERVER_MEANS`), over
+    its successful requests: TTFT from its arrival stamp (the send plus the intake) to the end
+    of the step that computes its first token; queue from the first step boundary after it
+    reaches the scheduler (send plus api_overhead_ms) to the start of the step that admits
+    it; prefill from there to the first token. `sim`: a ColocatedOutput."""
+    done = [r for r in sim.records if r.error is None and not math.isnan(r.first_token_s)]
+    if not done:
+        return {}
+    starts = np.sort(np.array([row[2] for row in sim.steps]))
+    send = np.array([r.send_s for r in done])
+    admit = np.array([r.prefill_start_s for r in done])
+    end = np.array([r.prefill_end_s for r in done])
+    boundary = starts[np.minimum(np.searchsorted(starts, send + profile.api_overhead_ms / 1e3),
+                                 len(starts) - 1)]
+    return {"server_ttft_mean_ms": float((end - send).mean() * 1e3 - profile.intake_ms),
+            "server_queue_mean_ms": float(np.clip(admit - boundary, 0, None).mean() * 1e3),
+            "server_prefill_mean_ms": float((end - admit).mean() * 1e3)}
+
+
 @dataclass
 class Prediction:
     """A run measured and predicted: both summaries and the comparison table."""
@@ -206,7 +226,7 @@ def predict_run(run: Path, profile: Profile, allow_other_shape: bool = False,
     from rackSim.validate.colocated import simulate_colocated
     from rackSim.validate.compare import compare_summaries, summarize_run
     from rackSim.validate.ingest import load_driver_run
-    from rackSim.validate.scrape import read_scrapes, server_ttft_mean_ms
+    from rackSim.validate.scrape import read_scrapes, server_means_ms
     from rackSim.workload.sources import load_sessions
 
     wl, seed = run_workload(run)
@@ -226,16 +246,10 @@ def predict_run(run: Path, profile: Profile, allow_other_shape: bool = False,
     sessions = load_sessions(wl, seed)
     sim = simulate_colocated(sessions, wl.replay, profile, seed=seed)
     scrapes = run / "scrapes.jsonl"
-    server_ttft = server_ttft_mean_ms(read_scrapes(scrapes)) if scrapes.exists() else math.nan
-    measured = summarize_run(recs, t0, t1, "measured", sessions=sessions,
-                             server_ttft_mean_ms=server_ttft).summary
-    # the server stamps a request after the front-end's intake and times its first token at
-    # the end of the step that computes it (before the front-end hands it out)
-    engine_ttft = [(r.prefill_end_s - r.send_s) * 1e3 for r in sim.records
-                   if r.error is None and not math.isnan(r.first_token_s)]
-    predicted = summarize_run(
-        sim.records, sim.window_start_s, sim.window_end_s, "simulated", sessions=sessions,
-        server_ttft_mean_ms=(sum(engine_ttft) / len(engine_ttft) - profile.intake_ms
-                             if engine_ttft else math.nan)).summary
+    server = server_means_ms(read_scrapes(scrapes)) if scrapes.exists() else {}
+    measured = summarize_run(recs, t0, t1, "measured", sessions=sessions, server=server).summary
+    predicted = summarize_run(sim.records, sim.window_start_s, sim.window_end_s, "simulated",
+                              sessions=sessions, server=simulated_server_means_ms(
+                                  sim, profile)).summary
     return Prediction(measured, predicted, compare_summaries(measured, predicted), sessions,
                       speed)

@@ -162,10 +162,27 @@ def run_delta(scrapes: list[dict], name: str) -> float:
             - metric_total([tuple(v) for v in before[0]["samples"]], name))
 
 
+#: the server's own means (ms) over a run, from its histograms: TTFT from the API server's
+#: arrival stamp to the first token's output processing; queue from the engine core taking the
+#: request in (between two steps) to the step that schedules it; prefill from that step to
+#: the engine core's first token
+SERVER_MEANS = {"server_ttft_mean_ms": "vllm:time_to_first_token_seconds",
+                "server_queue_mean_ms": "vllm:request_queue_time_seconds",
+                "server_prefill_mean_ms": "vllm:request_prefill_time_seconds"}
+
+
+def histogram_mean_ms(scrapes: list[dict], name: str) -> float:
+    """Mean (ms) of a seconds histogram over a run (NaN without observations or scrapes)."""
+    n = run_delta(scrapes, name + "_count")
+    return run_delta(scrapes, name + "_sum") / n * 1e3 if n > 0 else math.nan
+
+
+def server_means_ms(scrapes: list[dict]) -> dict[str, float]:
+    """The server's own TTFT, queue and prefill means (ms) over a run (`SERVER_MEANS`): the
+    server's TTFT leaves out the time before it stamps a request and after it emits a token."""
+    return {key: histogram_mean_ms(scrapes, name) for key, name in SERVER_MEANS.items()}
+
+
 def server_ttft_mean_ms(scrapes: list[dict]) -> float:
-    """Mean TTFT (ms) the server itself measured over a run (`vllm:time_to_first_token_seconds`
-    histogram: from the API server's arrival stamp to the first token's output processing),
-    i.e. without the time before the server stamps a request and after it emits a token."""
-    n = run_delta(scrapes, "vllm:time_to_first_token_seconds_count")
-    return run_delta(scrapes, "vllm:time_to_first_token_seconds_sum") / n * 1e3 if n > 0 \
-        else math.nan
+    """Mean TTFT (ms) the server itself measured over a run (see `SERVER_MEANS`)."""
+    return histogram_mean_ms(scrapes, SERVER_MEANS["server_ttft_mean_ms"])

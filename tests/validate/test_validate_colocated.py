@@ -99,3 +99,29 @@ def test_more_lanes_wait_for_more_outputs_ahead():
     n = {round(2 * (r.first_token_s - r.prefill_end_s) * 1e3 / 2.0 - 1, 9)
          for r in out.records if r.first_token_s == r.first_token_s}
     assert n <= {1.0, 2.0, 3.0} and max(n) > 1
+
+
+def test_the_simulated_server_s_own_means_by_hand():
+    """A lone session never queues; its prefill is its prompt's steps; the server's TTFT
+    starts after the intake (2 of the 5 ms before the scheduler)."""
+    from rackSim.validate.runs import simulated_server_means_ms
+
+    prof = _profile(api_ms=5.0)
+    prof.intake_ms = 2.0
+    out = _run(prof)
+    done = [r for r in out.records if r.first_token_s == r.first_token_s]
+    means = simulated_server_means_ms(out, prof)
+    prefill = sum((r.prefill_end_s - r.prefill_start_s) * 1e3 for r in done) / len(done)
+    assert means["server_queue_mean_ms"] == pytest.approx(0.0, abs=1e-9)
+    assert means["server_prefill_mean_ms"] == pytest.approx(prefill)
+    assert means["server_ttft_mean_ms"] == pytest.approx(3.0 + prefill)
+    r0 = next(r for r in done if r.rid == 0 and r.prompt_tokens == 3000)
+    # the cold 3000-token prompt: two chunks under the 2048-token budget
+    assert (r0.prefill_end_s - r0.prefill_start_s) * 1e3 == pytest.approx(
+        2.0 + 0.5 + 0.01 * 2048 + 1.0 + 2.0 + 0.5 + 0.01 * 952 + 1.0)
+    # three lanes under a 1024-token budget: a 3000-token prompt takes whole steps, so
+    # requests arriving meanwhile queue for steps with room
+    tight = _profile(api_ms=5.0, budget=1024)
+    replay = ReplaySpec(concurrency=3, primer=False, warmup_requests_per_lane=0, window_s=1.0)
+    busy = simulate_colocated([_chain()], replay, tight, seed=0)
+    assert simulated_server_means_ms(busy, tight)["server_queue_mean_ms"] > 1.0

@@ -57,6 +57,19 @@ def test_raw_itl_of_bursty_runs_says_bursty_not_a_number():
     assert calm.set_index("key").loc["itl_raw_p50_ms", "error_pct"] == pytest.approx(0.0)
 
 
+def test_an_empty_queue_gets_no_relative_error():
+    """The server's queue at one lane is 0.03 ms against the model's 0: -100 % would say
+    nothing; under 1 ms measured the row says why instead, above it the error is computed."""
+    idle = compare_summaries(dict(BASE, server_queue_mean_ms=0.03),
+                             dict(BASE, server_queue_mean_ms=0.0)).set_index("key")
+    assert math.isnan(idle.loc["server_queue_mean_ms", "error_pct"])
+    assert idle.loc["server_queue_mean_ms", "note"].startswith("under 1 ms measured")
+    busy = compare_summaries(dict(BASE, server_queue_mean_ms=23.0),
+                             dict(BASE, server_queue_mean_ms=8.6)).set_index("key")
+    assert busy.loc["server_queue_mean_ms", "error_pct"] == pytest.approx(-62.6, abs=0.1)
+    assert "queue mean at server" in format_table(idle.reset_index())
+
+
 @pytest.mark.parametrize("cmd,flag,default", [
     ("serve", "--max-num-seqs", "64"), ("run", "--max-errors", "10"),
     ("fit", "--source", "records"), ("compare", "--profile", None),

@@ -55,7 +55,10 @@ def _check(df):
     speed = df[df.profile.str.endswith(AT_RUN_SPEED)]
     assert speed.speed_decode.between(0.3, 3).all() and speed.speed_prefill.between(0.3, 3).all()
     fit = df[(df.role == "fit") & (df.metric == "throughput_tok_s_gpu")]
-    assert len(fit) == 1 and fit.drifting.dtype == bool
+    assert set(fit.profile) == {"iteration_log", "iteration_log" + AT_RUN_SPEED}
+    assert len(fit) == 2 and fit.drifting.dtype == bool
+    # the fitting run is the speed reference: its factors are 1 by construction
+    assert fit.speed_decode.to_numpy() == pytest.approx(1.0, abs=1e-9)
     # the fitting point replayed: the same workload on the same server; its throughput
     # within 50 % of the first measurement catches a replay that is not the same
     rep = repeatability(df)
