@@ -21,7 +21,13 @@ from rackSim.engine.request import Job
 from rackSim.metrics.records import RequestLog, RequestRecord
 from rackSim.workload.graph import RequestSpec, SessionInstance
 from rackSim.workload.open_loop import OpenLoopSchedule
-from rackSim.workload.replay import ClosedLoopReplay, OpenLoopPhases, SessionCursor
+from rackSim.workload.replay import (
+    PRIMER,
+    ClosedLoopReplay,
+    LaneStart,
+    OpenLoopPhases,
+    SessionCursor,
+)
 
 
 class _SessionClients:
@@ -56,15 +62,18 @@ class _SessionClients:
         if self.stopped or (end is not None and now >= end):
             return  # after the window: in-flight requests drain, nothing new is sent
         inst = cursor.inst
-        prompt_tokens = spec.prompt_tokens
+        self._submit(inst, spec, self.phases.phase_of_send(inst.lane, now), self._done)
+
+    def _submit(self, inst: SessionInstance, spec: RequestSpec, phase: str,
+                done: Callable[[Job], None]) -> None:
+        """Record `spec` as sent now in `phase` and submit it; `done` runs when it finishes."""
         rec = RequestRecord(session_id=inst.graph.session_id, rid=spec.rid, lane=inst.lane,
-                            session_key=inst.key_base, agent=spec.agent, send_s=now,
-                            prompt_tokens=prompt_tokens,
-                            phase=self.phases.phase_of_send(inst.lane, now))
+                            session_key=inst.key_base, agent=spec.agent, send_s=self.env.now,
+                            prompt_tokens=spec.prompt_tokens, phase=phase)
         self.records.append(rec)
         self.in_flight += 1
-        self.submit(Job(spec, inst, inst.prompt_path(spec.rid), rec, self._done,
-                        spec.output_tokens, prompt_tokens))
+        self.submit(Job(spec, inst, inst.prompt_path(spec.rid), rec, done,
+                        spec.output_tokens, spec.prompt_tokens))
 
     def _done(self, job: Job) -> None:
         self.records.close(job.rec)
@@ -83,11 +92,16 @@ class _SessionClients:
 
 
 class AgentClients(_SessionClients):
-    """Closed loop: `replay.lanes` agent clients, each replaying one session at a time."""
+    """Closed loop: `replay.lanes` agent clients, each replaying one session at a time.
+
+    A lane that starts mid-session first has its context primed: by `warm` (the prefix is
+    resident at once, as on a rack already serving), or with `warm=None` by sending the
+    primer as a request of one output token and starting the session when it finishes, as
+    the validated mode's driver does to a real server (its record's phase is 'primer')."""
 
     def __init__(self, env: simpy.Environment, replay: ClosedLoopReplay,
                  submit: Callable[[Job], None],
-                 warm: Callable[[SessionInstance, RequestSpec], None],
+                 warm: Callable[[SessionInstance, RequestSpec], None] | None,
                  records: RequestLog):
         super().__init__(env, replay, submit, records)
         self.replay, self.warm = replay, warm
@@ -95,9 +109,20 @@ class AgentClients(_SessionClients):
     def start(self) -> None:
         for lane in range(self.replay.lanes):
             first = self.replay.first(lane)
+            if first.primer is not None and self.warm is None:
+                self._prime(first)
+                continue
             if first.primer is not None:
                 self.warm(first.inst, first.primer)
             self._begin(first.inst, first.start_rid, at_once=True)  # the lane arrives now
+
+    def _prime(self, first: LaneStart) -> None:
+        def primed(job: Job) -> None:
+            self.records.close(job.rec)
+            self.in_flight -= 1
+            self._begin(first.inst, first.start_rid, at_once=True)
+
+        self._submit(first.inst, first.primer, PRIMER, primed)
 
     def _session_finished(self, inst: SessionInstance) -> None:
         self._begin(self.replay.next(inst.lane))

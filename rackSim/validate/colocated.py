@@ -9,7 +9,8 @@ of the step that completes the prompt) with one rank, the server's shape and fro
 (before the scheduler, and per output token after each step) from the measured
 profile, and every step priced by `MeasuredStepModel.mixed_step`. Clients
 are the simulator's own (`rackSim.engine.client.AgentClients` on `rackSim.workload.replay`),
-so the replay policy is the driver's; every token's time is recorded so ITL is computed from
+so the replay policy is the driver's (a lane that starts mid-session first sends its primer,
+one output token, and waits for it); every token's time is recorded so ITL is computed from
 token times exactly as for the measured run. No speculative decoding (the measured server
 runs none); the KV cache holds `kv_capacity_tokens` and nothing is offloaded to the host.
 """
@@ -25,11 +26,10 @@ from rackSim.config.specs import PricingSpec, ReplaySpec
 from rackSim.engine.client import AgentClients
 from rackSim.engine.colocated import ColocatedInstance
 from rackSim.engine.prefix_cache import TieredPrefixCache
-from rackSim.engine.request import Job
 from rackSim.metrics.histogram import LatencyHistogram
 from rackSim.metrics.records import RequestLog, step_row
 from rackSim.perf.measured import MeasuredStepModel, Profile
-from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, SessionInstance
+from rackSim.workload.graph import BLOCK_TOKENS, SessionGraph
 from rackSim.workload.replay import ClosedLoopReplay
 
 ZERO_PRICING = PricingSpec(name="none", cached_input_usd_per_mtok=0.0,
@@ -68,13 +68,8 @@ def simulate_colocated(sessions: list[SessionGraph], replay: ReplaySpec, profile
         True, lambda _job: None, on_step, block_tokens=shape.block_tokens,
         api_delay_s=profile.api_overhead_ms / 1e3, output_delay_s=profile.output_ms / 1e3)
     rp = ClosedLoopReplay(sessions, replay, seed)
-
-    def warm(inst: SessionInstance, spec: RequestSpec) -> None:
-        job = Job(spec=spec, inst=inst, path=inst.prompt_path(spec.rid), rec=None,
-                  on_done=lambda _j: None, output_tokens=1, prompt_tokens=spec.prompt_tokens)
-        engine.warm(job, 0)
-
-    clients = AgentClients(env, rp, engine.submit, warm, records)
+    # primers are sent as requests and waited for, as the driver sends them to the server
+    clients = AgentClients(env, rp, engine.submit, None, records)
     clients.start()
     while env.now < max_sim_s:
         env.run(until=env.now + 1.0)

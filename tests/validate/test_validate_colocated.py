@@ -125,3 +125,17 @@ def test_the_simulated_server_s_own_means_by_hand():
     replay = ReplaySpec(concurrency=3, primer=False, warmup_requests_per_lane=0, window_s=1.0)
     busy = simulate_colocated([_chain()], replay, tight, seed=0)
     assert simulated_server_means_ms(busy, tight)["server_queue_mean_ms"] > 1.0
+
+
+def test_a_lane_starting_mid_session_sends_its_primer_and_waits_for_it():
+    """As the driver does: the primer is a request of one output token, recorded in phase
+    'primer' (the server's own counters see it), and the lane's session starts when it ends."""
+    replay = ReplaySpec(concurrency=2, primer=True, warmup_requests_per_lane=0, window_s=1.0)
+    out = simulate_colocated([_chain()], replay, _profile(api_ms=5.0), seed=3)
+    primers = [r for r in out.records if r.phase == "primer"]
+    assert primers and all(r.output_tokens == 1 and r.send_s == 0.0 for r in primers)
+    for p in primers:
+        after = [r for r in out.records if r.lane == p.lane and r.phase != "primer"]
+        # the lane's first session request goes out the moment its primer finished
+        assert min(r.send_s for r in after) == pytest.approx(p.finish_s)
+        assert p.ttft_ms == pytest.approx((p.finish_s - p.send_s) * 1e3) and p.ttft_ms > 5.0
