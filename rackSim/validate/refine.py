@@ -21,7 +21,7 @@ from rackSim.validate.compare import summarize_run
 from rackSim.workload.graph import SessionGraph
 
 
-def _bisect(f: Callable[[float], float], target: float, lo: float, hi: float,
+def bisect_increasing(f: Callable[[float], float], target: float, lo: float, hi: float,
             iters: int = 10) -> float:
     """x in [lo, hi] with f(x) ~ target for an increasing f (clamped to the ends)."""
     if f(lo) >= target:
@@ -56,10 +56,11 @@ def refine_overheads(profile: Profile, sessions: list[SessionGraph], replay: Rep
         return p
 
     for _ in range(rounds):
-        out.overhead_ms = _bisect(lambda v: sim(with_("overhead_ms", v))["itl_p50_ms"],
-                                  itl, 0.0, max(itl, 1.0))
-        out.api_overhead_ms = _bisect(lambda v: sim(with_("api_overhead_ms", v))["ttft_p50_ms"],
-                                      ttft, 0.0, max(ttft, 1.0))
+        out.overhead_ms = bisect_increasing(
+            lambda v: sim(with_("overhead_ms", v))["itl_p50_ms"], itl, 0.0, max(itl, 1.0))
+        out.api_overhead_ms = bisect_increasing(
+            lambda v: sim(with_("api_overhead_ms", v))["ttft_p50_ms"], ttft, 0.0,
+            max(ttft, 1.0))
     got = sim(out)
     out.provenance = dict(out.provenance)
     out.provenance["refined"] = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -157,33 +157,75 @@ def fit_run(run: Path, source: str, shape: ServerShape, refine: bool = False,
     if refine:
         prof = refine_overheads(prof, sessions, wl.replay, seed,
                                 summarize_run(recs, t0, t1, "measured").summary)
-    prof.intake_ms, prof.provenance["intake_ms"] = frontend_intake_ms(run, recs, prof, sessions)
+    fit_front_end(run, recs, prof, sessions, server_delay=not refine)
     return prof
 
 
-def frontend_intake_ms(run: Path, recs: list, prof: Profile, sessions: list[SessionGraph]
-                       ) -> tuple[float, dict]:
-    """The part of `prof`'s delay before the scheduler that passes before the server stamps a
-    request (ms), and where it came from: the run's client-minus-server TTFT mean (the
-    server's from its /metrics histogram) less the output delay the model gives the same
-    run's first tokens, within [0, api_overhead_ms]. 0 when the run has no server TTFT."""
+def fit_front_end(run: Path, recs: list, prof: Profile, sessions: list[SessionGraph],
+                  server_delay: bool) -> None:
+    """Split `prof`'s delay before the scheduler where the server's own TTFT histogram splits
+    it (in place, with provenance), when the run has one:
+
+    - `intake_ms`, the part before the server stamps a request: the run's client-minus-server
+      TTFT mean less the output delay the model gives the same run's first tokens, within
+      [0, api_overhead_ms];
+    - with `server_delay`, the part the server counts (api_overhead_ms - intake_ms), set so
+      that the simulated run's server TTFT mean over the measurement window (between the
+      first and last /metrics scrapes inside it, the primers left out) is the server's own
+      (bisection; the iteration-log fit's estimate from requests that prefilled alone is
+      kept in the provenance)."""
     from rackSim.validate.colocated import simulate_colocated
     from rackSim.validate.compare import ttft_all_mean_ms
-    from rackSim.validate.scrape import read_scrapes, server_ttft_mean_ms
+    from rackSim.validate.refine import bisect_increasing
+    from rackSim.validate.scrape import (
+        SERVER_MEANS,
+        read_scrapes,
+        server_ttft_mean_ms,
+        window_histogram_mean_ms,
+    )
 
     path = run / "scrapes.jsonl"
-    server = server_ttft_mean_ms(read_scrapes(path)) if path.exists() else math.nan
+    scrapes = read_scrapes(path) if path.exists() else []
+    server = server_ttft_mean_ms(scrapes)
     if math.isnan(server):
-        return 0.0, {"missing": "the server's TTFT histogram (no /metrics scrapes)"}
+        prof.intake_ms = 0.0
+        prof.provenance["intake_ms"] = {
+            "missing": "the server's TTFT histogram (no /metrics scrapes)"}
+        return
     gap = ttft_all_mean_ms(recs) - server
     wl, seed = run_workload(run)
-    sim = simulate_colocated(sessions, wl.replay, prof, seed=seed)
-    delay = [(r.first_token_s - r.prefill_end_s) * 1e3 for r in sim.records
+
+    def sim(p: Profile):
+        return simulate_colocated(sessions, wl.replay, p, seed=seed)
+
+    delay = [(r.first_token_s - r.prefill_end_s) * 1e3 for r in sim(prof).records
              if r.error is None and not math.isnan(r.first_token_s)]
     out = float(np.mean(delay)) if delay else 0.0
-    intake = min(max(gap - out, 0.0), prof.api_overhead_ms)
-    return intake, {"client_minus_server_ttft_ms": gap, "output_delay_ms": out,
-                    "from": str(run)}
+    intake = max(gap - out, 0.0)
+    prov = {"client_minus_server_ttft_ms": gap, "output_delay_ms": out, "from": str(run)}
+    meta = json.loads((run / "run.json").read_text())
+    ws = meta.get("window_start_s")
+    win, a, b = window_histogram_mean_ms(scrapes, SERVER_MEANS["server_ttft_mean_ms"], ws,
+                                         meta.get("window_end_s")) if ws is not None \
+        else (math.nan,) * 3
+    if server_delay and not math.isnan(win):
+        def window_ttft(d: float) -> float:
+            p = replace(prof, api_overhead_ms=intake + d, intake_ms=intake)
+            o = sim(p)
+            lo, hi = o.window_start_s + a - ws, o.window_start_s + b - ws
+            v = [(r.prefill_end_s - r.send_s) * 1e3 - intake for r in o.records
+                 if r.error is None and not math.isnan(r.first_token_s)
+                 and lo <= r.prefill_end_s <= hi]
+            return float(np.mean(v)) if v else math.nan
+
+        prov.update(window_server_ttft_mean_ms=win, window_s=[a, b],
+                    alone_api_overhead_ms=prof.api_overhead_ms)
+        prof.api_overhead_ms = intake + bisect_increasing(
+            window_ttft, win, 0.0, prof.api_overhead_ms + win, iters=8)
+    elif server_delay:
+        prov["server_delay"] = "kept: no two /metrics scrapes inside the window"
+    prof.intake_ms = min(intake, prof.api_overhead_ms)
+    prof.provenance["intake_ms"] = prov
 
 
 def simulated_server_means_ms(sim, profile: Profile) -> dict[str, float]:

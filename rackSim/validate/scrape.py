@@ -177,6 +177,27 @@ def histogram_mean_ms(scrapes: list[dict], name: str) -> float:
     return run_delta(scrapes, name + "_sum") / n * 1e3 if n > 0 else math.nan
 
 
+def window_histogram_mean_ms(scrapes: list[dict], name: str, t0: float, t1: float
+                             ) -> tuple[float, float, float]:
+    """Mean (ms) of a seconds histogram between the first and the last scrape taken during
+    the run inside [t0, t1] (driver clock, s), and those two scrapes' times: the requests
+    whose observation (for TTFT, the first token) fell between them, the primers at the run's
+    start left out. NaN mean without two such scrapes or observations between them."""
+    inside = [x for x in scrapes if x["label"] == "during" and x.get("samples")
+              and t0 <= x["t_s"] <= t1]
+    if len(inside) < 2:
+        return math.nan, math.nan, math.nan
+    a, b = inside[0], inside[-1]
+
+    def delta(key: str) -> float:
+        return (metric_total([tuple(v) for v in b["samples"]], key)
+                - metric_total([tuple(v) for v in a["samples"]], key))
+
+    n = delta(name + "_count")
+    mean = delta(name + "_sum") / n * 1e3 if n > 0 else math.nan
+    return mean, a["t_s"], b["t_s"]
+
+
 def server_means_ms(scrapes: list[dict]) -> dict[str, float]:
     """The server's own TTFT, queue and prefill means (ms) over a run (`SERVER_MEANS`): the
     server's TTFT leaves out the time before it stamps a request and after it emits a token."""
