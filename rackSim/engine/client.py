@@ -75,9 +75,13 @@ class _SessionClients:
         self.submit(Job(spec, inst, inst.prompt_path(spec.rid), rec, done,
                         spec.output_tokens, spec.prompt_tokens))
 
-    def _done(self, job: Job) -> None:
+    def _closed(self, job: Job) -> None:
+        """`job` finished: its record is final and it is no longer in flight."""
         self.records.close(job.rec)
         self.in_flight -= 1
+
+    def _done(self, job: Job) -> None:
+        self._closed(job)
         inst = job.inst
         self.phases.note_done(inst.lane, self.env.now)
         cursor = self._cursor[inst.key_base]
@@ -118,8 +122,7 @@ class AgentClients(_SessionClients):
 
     def _prime(self, first: LaneStart) -> None:
         def primed(job: Job) -> None:
-            self.records.close(job.rec)
-            self.in_flight -= 1
+            self._closed(job)
             self._begin(first.inst, first.start_rid, at_once=True)
 
         self._submit(first.inst, first.primer, PRIMER, primed)
