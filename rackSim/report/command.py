@@ -17,7 +17,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="racksim-plot", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("table", help="build the sweep table from a multirun directory")
-    t.add_argument("sweep_dir", type=Path)
+    t.add_argument("sweep_dir", type=Path,
+                   help="a multirun directory (its jobs' summary.json; writes sweep.parquet, "
+                        "sweep.csv into it)")
     f = sub.add_parser("plots", help="PNG figures from a sweep table (or its directory)")
     f.add_argument("source", type=Path, help="sweep directory or sweep.parquet / sweep.csv")
     f.add_argument("--out", type=Path, default=None,

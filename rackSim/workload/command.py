@@ -26,7 +26,8 @@ from rackSim.workload.stats import NominalTiming, WorkloadStats, describe
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="racksim-workload", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="racksim-workload", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--agentx", nargs="?", const="", metavar="SPEC.yaml",
                      help="AgentX-style generator (defaults, or an AgentXSpec YAML)")
@@ -36,17 +37,23 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--jsonl", metavar="FILE", help="a racksim-workload JSONL file")
     src.add_argument("--mooncake", metavar="FILE", help="a Mooncake trace (JSONL)")
     src.add_argument("--azure", metavar="FILE", help="an Azure LLM-inference trace (CSV)")
-    p.add_argument("--sessions", type=int, help="sessions to generate (generators)")
+    p.add_argument("--sessions", type=int,
+                   help="sessions to generate (generators; default: the AgentX spec's own, "
+                        "or the scenario's num_sessions)")
     p.add_argument("--seed", type=int, default=0, help="generator / jitter seed (default 0)")
     p.add_argument("--jitter-s", type=float, help="Mooncake arrival jitter (default: auto)")
-    p.add_argument("--speedup", type=float, default=1.0, help="trace time compression")
+    p.add_argument("--speedup", type=float, default=1.0,
+                   help="trace time compression (default 1.0)")
     p.add_argument("--concurrency", type=int,
                    help="closed-loop lanes (default: every session starts at t=0)")
-    p.add_argument("--ttft-s", type=float, default=1.0, help="nominal time to first token (s)")
-    p.add_argument("--tpot-s", type=float, default=0.005, help="nominal time per output token")
+    p.add_argument("--ttft-s", type=float, default=1.0,
+                   help="nominal time to first token (s; default 1.0)")
+    p.add_argument("--tpot-s", type=float, default=0.005,
+                   help="nominal time per output token (s; default 0.005)")
     p.add_argument("--cache-tokens", type=float, nargs="*", default=[float(1 << 20)],
                    help="finite LRU prefix-cache capacities (tokens; default 1048576)")
-    p.add_argument("--out", type=Path, help="directory for summary.json, requests.csv, PNG")
+    p.add_argument("--out", type=Path, help="directory for summary.json, requests.csv, PNG "
+                   "(default: print the table only)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument("--save-jsonl", type=Path, metavar="FILE", help="save the graphs as JSONL")
     p.add_argument("--with-hashes", action="store_true",

@@ -159,3 +159,14 @@ def test_command_scenario_with_agentx_source(tmp_path: Path, capsys) -> None:
     assert main(["--scenario", str(f)]) == 0
     assert np.any(["sessions" in x and x.rstrip().endswith("3")
                    for x in capsys.readouterr().out.splitlines()])
+
+
+def test_command_help_names_subcommands_and_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    """`racksim-workload --help` is where a user finds `import` and `fit` and the defaults."""
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "racksim-workload import" in text and "racksim-workload fit" in text
+    for default in ("default 1.0)", "default 0.005)", "default 1048576)", "default 0)"):
+        assert default in text, default
