@@ -47,7 +47,11 @@ class ColocatedInstance(DecodeInstance):
     granularity of prefix hits (a multiple of the simulator's 64-token blocks);
     api_delay_s: front-end time before a request reaches the scheduler (s); output_delay_s:
     front-end time per output token (s; a step's n outputs reach their clients (n + 1) / 2 x
-    this after it ends); on_prefilled: called when a request's prompt is computed."""
+    this after it ends); on_prefilled: called when a request's prompt is computed;
+    reuse_outputs: whether later prompts carry a request's output as the tokens it generated
+    (an agent: the blocks its output filled are prefix hits for the next turn), or as other
+    tokens (the validated mode's driver re-sends the workload's own token ids, not what the
+    server generated), so that only its prompt's blocks stay reusable."""
 
     def __init__(self, env: simpy.Environment, index: int, ranks: int, token_budget: int,
                  max_seqs_per_rank: int, accepted: float, draft_tokens: int,
@@ -55,7 +59,7 @@ class ColocatedInstance(DecodeInstance):
                  itl: LatencyHistogram, in_window: Callable[[float], bool], trace_tokens: bool,
                  on_prefilled: Callable[[Job], None], on_step: Callable[..., None],
                  rack: int = 0, block_tokens: int = BLOCK_TOKENS, api_delay_s: float = 0.0,
-                 output_delay_s: float = 0.0):
+                 output_delay_s: float = 0.0, reuse_outputs: bool = True):
         if block_tokens % BLOCK_TOKENS:
             raise ValueError(f"block_tokens={block_tokens}: must be a multiple of "
                              f"{BLOCK_TOKENS}, the simulator's KV block")
@@ -67,6 +71,7 @@ class ColocatedInstance(DecodeInstance):
         self.budget, self.block = token_budget, block_tokens
         self.api_delay_s, self.output_delay_s = api_delay_s, output_delay_s
         self.on_prefilled = on_prefilled
+        self.reuse_outputs = reuse_outputs
         self.waiting: list[deque[Job]] = [deque() for _ in range(ranks)]
         self.prefilling: list[list[Job]] = [[] for _ in range(ranks)]
         self._busy: set[int] = set()  # ranks with a prompt waiting or part-way
@@ -132,9 +137,10 @@ class ColocatedInstance(DecodeInstance):
         rec.prefill_start_s = self.env.now
         self.queued_tokens -= cached - job.computed  # correct the estimate made at submit
         job.computed = cached
-        tier.insert(full)
-        tier.gpu.pin(full)
-        job.path = full
+        kept = full if self.reuse_outputs else job.path
+        tier.insert(kept)
+        tier.gpu.pin(kept)
+        job.path = kept
         return True
 
     def _schedule(self, q: int) -> tuple[list[tuple[Job, int]], PrefillBatch]:

@@ -13,6 +13,15 @@ so the replay policy is the driver's (a lane that starts mid-session first sends
 one output token, and waits for it); every token's time is recorded so ITL is computed from
 token times exactly as for the measured run. No speculative decoding (the measured server
 runs none); the KV cache holds `kv_capacity_tokens` and nothing is offloaded to the host.
+
+The driver sends every prompt as the workload's own token ids (`rackSim.workload.tokens`),
+so a turn re-sends its predecessor's output as those ids, not as the tokens the server
+generated: the blocks the output filled on the server never match, and a turn's prefix hit
+ends at its predecessor's prompt (in whole blocks). The simulated server keeps only a
+request's prompt reusable (`reuse_outputs=False`); an agent re-sending what the model said
+would reuse its output too, as the main engine assumes. Measured on a six-lane run: one
+request in seven hit one 128-token block less than a cache that kept the outputs predicts,
+exactly those whose predecessor's last full block held output tokens.
 """
 
 from __future__ import annotations
@@ -66,7 +75,8 @@ def simulate_colocated(sessions: list[SessionGraph], replay: ReplaySpec, profile
         MeasuredStepModel.from_profile(profile, seed=seed), 0.0, LatencyHistogram(),
         lambda _t: False,
         True, lambda _job: None, on_step, block_tokens=shape.block_tokens,
-        api_delay_s=profile.api_overhead_ms / 1e3, output_delay_s=profile.output_ms / 1e3)
+        api_delay_s=profile.api_overhead_ms / 1e3, output_delay_s=profile.output_ms / 1e3,
+        reuse_outputs=False)
     rp = ClosedLoopReplay(sessions, replay, seed)
     # primers are sent as requests and waited for, as the driver sends them to the server
     clients = AgentClients(env, rp, engine.submit, None, records)
