@@ -20,6 +20,8 @@ from rackSim.perf.measured import Profile, ServerShape
 from rackSim.workload.graph import SessionGraph
 
 WORKLOAD_FILE = "workload.json"
+DELAY_POINTS = 6  # simulations of the fitting run that place the server-side delay
+DELAY_SPAN_MIN_MS = 5.0  # the delays tried span at least twice this
 SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens")
 
 
@@ -171,12 +173,14 @@ def fit_front_end(run: Path, recs: list, prof: Profile, sessions: list[SessionGr
       [0, api_overhead_ms];
     - with `server_delay`, the part the server counts (api_overhead_ms - intake_ms), set so
       that the simulated run's server TTFT mean over the measurement window (between the
-      first and last /metrics scrapes inside it, the primers left out) is the server's own
-      (bisection; the iteration-log fit's estimate from requests that prefilled alone is
-      kept in the provenance)."""
+      first and last /metrics scrapes inside it, the primers left out) is the server's own:
+      where a line through that mean simulated at `DELAY_POINTS` delays (0 to twice the
+      iteration-log fit's estimate from requests that prefilled alone) meets it. A shifted
+      delay reshuffles the simulated batches, which moves the mean of ~130 requests by
+      +-3 ms from one delay to the next, so a single crossing (bisection) lands anywhere in
+      that band; the line and its residual are kept in the provenance."""
     from rackSim.validate.colocated import simulate_colocated
     from rackSim.validate.compare import ttft_all_mean_ms
-    from rackSim.validate.refine import bisect_increasing
     from rackSim.validate.scrape import (
         SERVER_MEANS,
         read_scrapes,
@@ -218,10 +222,23 @@ def fit_front_end(run: Path, recs: list, prof: Profile, sessions: list[SessionGr
                  and lo <= r.prefill_end_s <= hi]
             return float(np.mean(v)) if v else math.nan
 
+        alone = prof.api_overhead_ms - intake
+        ds = np.linspace(0.0, 2.0 * max(alone, DELAY_SPAN_MIN_MS), DELAY_POINTS)
+        ttfts = np.array([window_ttft(d) for d in ds])
+        ok = ~np.isnan(ttfts)
+        slope, icpt = np.polyfit(ds[ok], ttfts[ok], 1) if ok.sum() >= 2 else (0.0, 0.0)
         prov.update(window_server_ttft_mean_ms=win, window_s=[a, b],
-                    alone_api_overhead_ms=prof.api_overhead_ms)
-        prof.api_overhead_ms = intake + bisect_increasing(
-            window_ttft, win, 0.0, prof.api_overhead_ms + win, iters=8)
+                    alone_api_overhead_ms=prof.api_overhead_ms,
+                    server_delay_line={
+                        "delay_ms": ds.tolist(), "window_ttft_ms": ttfts.tolist(),
+                        "slope": float(slope), "intercept_ms": float(icpt),
+                        "residual_ms": float(np.std(ttfts[ok] - (icpt + slope * ds[ok])))
+                        if slope > 0 else math.nan})
+        if slope > 0:
+            prof.api_overhead_ms = intake + max(0.0, float((win - icpt) / slope))
+        else:
+            prov["server_delay"] = ("kept the alone-requests estimate: the simulated window's "
+                                    "TTFT did not grow with the delay")
     elif server_delay:
         prov["server_delay"] = "kept: no two /metrics scrapes inside the window"
     prof.intake_ms = min(intake, prof.api_overhead_ms)
