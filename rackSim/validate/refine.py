@@ -2,10 +2,11 @@
 
 The regression (`fit`) prices the engine step well but sees the time around it only
 indirectly: `api_overhead_ms` (request handling before the scheduler, once per request) and
-`overhead_ms` (scheduling and output handling between steps). Here each is set by bisection
-so that the colocated model, replaying the *fitting* run's own workload, reproduces that run's
-measured TTFT P50 (api_overhead_ms) and ITL P50 (overhead_ms). Both are monotone in their
-parameter. Only the fitting run is used; the other concurrency stays a prediction.
+`overhead_ms` (scheduling and output handling between steps). Here each is set so that the
+colocated model, replaying the *fitting* run's own workload, reproduces that run's measured
+TTFT P50 (api_overhead_ms) and ITL P50 (overhead_ms): where a line through the simulated
+value at `LINE_POINTS` settings (0 to twice the current one) meets it (`solve_by_line`), two
+rounds. Only the fitting run is used; the other concurrency stays a prediction.
 """
 
 from __future__ import annotations
@@ -14,27 +15,34 @@ import copy
 import math
 from collections.abc import Callable
 
+import numpy as np
+
 from rackSim.config.specs import ReplaySpec
 from rackSim.perf.measured import Profile
 from rackSim.validate.colocated import simulate_colocated
 from rackSim.validate.compare import summarize_run
 from rackSim.workload.graph import SessionGraph
 
+LINE_POINTS = 6  # simulations of the fitting run per parameter and round
 
-def bisect_increasing(f: Callable[[float], float], target: float, lo: float, hi: float,
-            iters: int = 10) -> float:
-    """x in [lo, hi] with f(x) ~ target for an increasing f (clamped to the ends)."""
-    if f(lo) >= target:
-        return lo
-    if f(hi) <= target:
-        return hi
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        if f(mid) < target:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
+
+def solve_by_line(f: Callable[[float], float], target: float, xs: np.ndarray
+                  ) -> tuple[float | None, dict]:
+    """x where the least-squares line through f at `xs` meets `target` (at least xs[0]), and
+    the line for the provenance (points, slope, intercept, residual). None when f does not
+    grow along the line. A line rather than a bisection: a simulated run answers a shifted
+    parameter with a reshuffled batch mix, so f is a trend plus noise of a few ms, and one
+    crossing lands anywhere in that band."""
+    ys = np.array([f(float(x)) for x in xs])
+    ok = ~np.isnan(ys)
+    slope, icpt = np.polyfit(xs[ok], ys[ok], 1) if ok.sum() >= 2 else (0.0, 0.0)
+    line = {"x": [float(x) for x in xs], "y": ys.tolist(), "slope": float(slope),
+            "intercept": float(icpt),
+            "residual": float(np.std(ys[ok] - (icpt + slope * xs[ok]))) if slope > 0
+            else math.nan}
+    if slope <= 0:
+        return None, line
+    return max(float(xs[0]), float((target - icpt) / slope)), line
 
 
 def refine_overheads(profile: Profile, sessions: list[SessionGraph], replay: ReplaySpec,
@@ -55,18 +63,22 @@ def refine_overheads(profile: Profile, sessions: list[SessionGraph], replay: Rep
         setattr(p, field, value)
         return p
 
+    lines = {}
     for _ in range(rounds):
-        out.overhead_ms = bisect_increasing(
-            lambda v: sim(with_("overhead_ms", v))["itl_p50_ms"], itl, 0.0, max(itl, 1.0))
-        out.api_overhead_ms = bisect_increasing(
-            lambda v: sim(with_("api_overhead_ms", v))["ttft_p50_ms"], ttft, 0.0,
-            max(ttft, 1.0))
+        for field, metric, target, floor in (("overhead_ms", "itl_p50_ms", itl, 1.0),
+                                             ("api_overhead_ms", "ttft_p50_ms", ttft, 5.0)):
+            span = 2.0 * max(getattr(out, field), floor)
+            x, lines[field] = solve_by_line(lambda v, f=field, m=metric: sim(with_(f, v))[m],
+                                            target, np.linspace(0.0, span, LINE_POINTS))
+            if x is not None:
+                setattr(out, field, x)
     got = sim(out)
     out.provenance = dict(out.provenance)
     out.provenance["refined"] = {
-        "method": "bisection on the colocated model replaying the fitting run",
+        "method": "least-squares lines through the colocated model replaying the fitting run",
         "targets": {"ttft_p50_ms": ttft, "itl_p50_ms": itl},
         "reached": {"ttft_p50_ms": got["ttft_p50_ms"], "itl_p50_ms": got["itl_p50_ms"]},
+        "lines": lines,
         "before": {"overhead_ms": profile.overhead_ms,
                    "api_overhead_ms": profile.api_overhead_ms}}
     return out

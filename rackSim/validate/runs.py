@@ -20,8 +20,7 @@ from rackSim.perf.measured import Profile, ServerShape
 from rackSim.workload.graph import SessionGraph
 
 WORKLOAD_FILE = "workload.json"
-DELAY_POINTS = 6  # simulations of the fitting run that place the server-side delay
-DELAY_SPAN_MIN_MS = 5.0  # the delays tried span at least twice this
+DELAY_SPAN_MIN_MS = 5.0  # the server-side delays tried span at least twice this
 SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens")
 
 
@@ -174,13 +173,14 @@ def fit_front_end(run: Path, recs: list, prof: Profile, sessions: list[SessionGr
     - with `server_delay`, the part the server counts (api_overhead_ms - intake_ms), set so
       that the simulated run's server TTFT mean over the measurement window (between the
       first and last /metrics scrapes inside it, the primers left out) is the server's own:
-      where a line through that mean simulated at `DELAY_POINTS` delays (0 to twice the
-      iteration-log fit's estimate from requests that prefilled alone) meets it. A shifted
-      delay reshuffles the simulated batches, which moves the mean of ~130 requests by
-      +-3 ms from one delay to the next, so a single crossing (bisection) lands anywhere in
-      that band; the line and its residual are kept in the provenance."""
+      where a line through that mean simulated at `refine.LINE_POINTS` delays (0 to twice the
+      iteration-log fit's estimate from requests that prefilled alone) meets it
+      (`refine.solve_by_line`: a shifted delay reshuffles the simulated batches and moves the
+      mean of ~130 requests by a few ms from one delay to the next); the line is kept in the
+      provenance."""
     from rackSim.validate.colocated import simulate_colocated
     from rackSim.validate.compare import ttft_all_mean_ms
+    from rackSim.validate.refine import LINE_POINTS, solve_by_line
     from rackSim.validate.scrape import (
         SERVER_MEANS,
         read_scrapes,
@@ -222,20 +222,12 @@ def fit_front_end(run: Path, recs: list, prof: Profile, sessions: list[SessionGr
                  and lo <= r.prefill_end_s <= hi]
             return float(np.mean(v)) if v else math.nan
 
-        alone = prof.api_overhead_ms - intake
-        ds = np.linspace(0.0, 2.0 * max(alone, DELAY_SPAN_MIN_MS), DELAY_POINTS)
-        ttfts = np.array([window_ttft(d) for d in ds])
-        ok = ~np.isnan(ttfts)
-        slope, icpt = np.polyfit(ds[ok], ttfts[ok], 1) if ok.sum() >= 2 else (0.0, 0.0)
+        span = 2.0 * max(prof.api_overhead_ms - intake, DELAY_SPAN_MIN_MS)
+        d, line = solve_by_line(window_ttft, win, np.linspace(0.0, span, LINE_POINTS))
         prov.update(window_server_ttft_mean_ms=win, window_s=[a, b],
-                    alone_api_overhead_ms=prof.api_overhead_ms,
-                    server_delay_line={
-                        "delay_ms": ds.tolist(), "window_ttft_ms": ttfts.tolist(),
-                        "slope": float(slope), "intercept_ms": float(icpt),
-                        "residual_ms": float(np.std(ttfts[ok] - (icpt + slope * ds[ok])))
-                        if slope > 0 else math.nan})
-        if slope > 0:
-            prof.api_overhead_ms = intake + max(0.0, float((win - icpt) / slope))
+                    alone_api_overhead_ms=prof.api_overhead_ms, server_delay_line=line)
+        if d is not None:
+            prof.api_overhead_ms = intake + d
         else:
             prov["server_delay"] = ("kept the alone-requests estimate: the simulated window's "
                                     "TTFT did not grow with the delay")

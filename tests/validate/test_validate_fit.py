@@ -21,7 +21,7 @@ from rackSim.perf.step import DecodeBatch, PrefillBatch
 from rackSim.validate.colocated import simulate_colocated
 from rackSim.validate.compare import delivery_gaps, summarize_run
 from rackSim.validate.fit import fit_driver_records, fit_iteration_log
-from rackSim.validate.refine import refine_overheads
+from rackSim.validate.refine import refine_overheads, solve_by_line
 from rackSim.validate.workloads import cpu_tiny_workload
 from rackSim.workload.sources import load_sessions
 
@@ -157,6 +157,21 @@ def test_refine_recovers_overheads():
     assert reached["itl_p50_ms"] == pytest.approx(measured["itl_p50_ms"], rel=0.05)
     assert got.api_overhead_ms == pytest.approx(20.0, rel=0.25)
     assert got.overhead_ms == pytest.approx(1.5, rel=0.25)
+
+
+def test_solve_by_line_reads_the_trend_through_the_noise():
+    """f = 3 + 2 x with +-1 of noise that alternates: a bisection would stop at the first
+    crossing, the line meets 13 at x = 5 within the noise's pull on the fit (0.15), and a
+    flat or falling f gives no answer (the line is still kept)."""
+    xs = np.linspace(0.0, 10.0, 6)
+    noise = np.array([1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
+    x, line = solve_by_line(lambda v: 3.0 + 2.0 * v + noise[int(round(v / 2))], 13.0, xs)
+    assert x == pytest.approx(5.0, abs=0.15)
+    assert line["slope"] == pytest.approx(2.0, abs=0.2) and line["residual"] < 1.1
+    assert line["x"] == list(xs) and len(line["y"]) == 6
+    assert solve_by_line(lambda v: 3.0 + 2.0 * v, -100.0, xs)[0] == 0.0  # clamped at xs[0]
+    none, flat = solve_by_line(lambda v: 7.0 - v, 5.0, xs)
+    assert none is None and flat["slope"] < 0
 
 
 def test_delivery_gaps():

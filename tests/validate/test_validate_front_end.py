@@ -126,5 +126,5 @@ def test_the_server_side_delay_is_set_by_the_server_s_own_ttft_in_the_window(tmp
     # placed by a line through the window's TTFT simulated at six delays: it grows about one
     # for one with the delay (each request waits it once), within a few ms of the line
     line = prov["server_delay_line"]
-    assert len(line["delay_ms"]) == len(line["window_ttft_ms"]) == 6
-    assert 0.7 < line["slope"] < 1.3 and line["residual_ms"] < 3.0
+    assert len(line["x"]) == len(line["y"]) == 6
+    assert 0.7 < line["slope"] < 1.3 and line["residual"] < 3.0
