@@ -216,11 +216,9 @@ def fit_front_end(run: Path, recs: list, prof: Profile, sessions: list[SessionGr
         def window_ttft(d: float) -> float:
             p = replace(prof, api_overhead_ms=intake + d, intake_ms=intake)
             o = sim(p)
-            lo, hi = o.window_start_s + a - ws, o.window_start_s + b - ws
-            v = [(r.prefill_end_s - r.send_s) * 1e3 - intake for r in o.records
-                 if r.error is None and not math.isnan(r.first_token_s)
-                 and lo <= r.prefill_end_s <= hi]
-            return float(np.mean(v)) if v else math.nan
+            window = (o.window_start_s + a - ws, o.window_start_s + b - ws)
+            means = simulated_server_means_ms(o, p, window)
+            return means.get("server_ttft_mean_ms", math.nan)
 
         span = 2.0 * max(prof.api_overhead_ms - intake, DELAY_SPAN_MIN_MS)
         d, line = solve_by_line(window_ttft, win, np.linspace(0.0, span, LINE_POINTS))
@@ -237,12 +235,16 @@ def fit_front_end(run: Path, recs: list, prof: Profile, sessions: list[SessionGr
     prof.provenance["intake_ms"] = prov
 
 
-def simulated_server_means_ms(sim, profile: Profile) -> dict[str, float]:
+def simulated_server_means_ms(sim, profile: Profile,
+                              window: tuple[float, float] | None = None) -> dict[str, float]:
     """What the simulated server's own histograms would say (ms; `scrape.SERVER_MEANS`), over
     its successful requests: TTFT from its arrival stamp (the send plus the intake) to the end
     of the step that computes its first token; queue from the first step boundary after it
     reaches the scheduler (send plus api_overhead_ms) to the start of the step that admits
-    it; prefill from there to the first token. `sim`: a ColocatedOutput."""
+    it; prefill from there to the first token. `sim`: a ColocatedOutput. `window` (simulated
+    s, both ends included): what the histograms gained between two scrapes at those times,
+    as vLLM observes them: TTFT when the first token is computed, queue and prefill when the
+    request finishes (NaN for a part with no request in the window)."""
     done = [r for r in sim.records if r.error is None and not math.isnan(r.first_token_s)]
     if not done:
         return {}
@@ -252,9 +254,19 @@ def simulated_server_means_ms(sim, profile: Profile) -> dict[str, float]:
     end = np.array([r.prefill_end_s for r in done])
     boundary = starts[np.minimum(np.searchsorted(starts, send + profile.api_overhead_ms / 1e3),
                                  len(starts) - 1)]
-    return {"server_ttft_mean_ms": float((end - send).mean() * 1e3 - profile.intake_ms),
-            "server_queue_mean_ms": float(np.clip(admit - boundary, 0, None).mean() * 1e3),
-            "server_prefill_mean_ms": float((end - admit).mean() * 1e3)}
+    parts = {"server_ttft_mean_ms": (end - send) * 1e3 - profile.intake_ms,
+             "server_queue_mean_ms": np.clip(admit - boundary, 0, None) * 1e3,
+             "server_prefill_mean_ms": (end - admit) * 1e3}
+    if window is None:
+        return {k: float(v.mean()) for k, v in parts.items()}
+    lo, hi = window
+    fin = np.array([r.finish_s for r in done])
+    seen = {"server_ttft_mean_ms": (end >= lo) & (end <= hi)}
+    out = {}
+    for k, v in parts.items():
+        keep = seen.get(k, (fin >= lo) & (fin <= hi))
+        out[k] = float(v[keep].mean()) if keep.any() else math.nan
+    return out
 
 
 @dataclass

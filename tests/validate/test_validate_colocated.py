@@ -125,6 +125,21 @@ def test_the_simulated_server_s_own_means_by_hand():
     replay = ReplaySpec(concurrency=3, primer=False, warmup_requests_per_lane=0, window_s=1.0)
     busy = simulate_colocated([_chain()], replay, tight, seed=0)
     assert simulated_server_means_ms(busy, tight)["server_queue_mean_ms"] > 1.0
+    # between two scrapes, as vLLM observes them: TTFT of the requests whose first token
+    # falls in the window, queue and prefill of those that finish in it
+    ok = [r for r in busy.records if r.first_token_s == r.first_token_s]
+    ends = sorted(r.prefill_end_s for r in ok)
+    lo, hi = ends[1], ends[-2]
+    win = simulated_server_means_ms(busy, tight, (lo, hi))
+    first = [r for r in ok if lo <= r.prefill_end_s <= hi]
+    ended = [r for r in ok if lo <= r.finish_s <= hi]
+    assert 0 < len(first) < len(ok) and {id(r) for r in ended} != {id(r) for r in first}
+    assert win["server_ttft_mean_ms"] == pytest.approx(
+        sum((r.prefill_end_s - r.send_s) * 1e3 - tight.intake_ms for r in first) / len(first))
+    assert win["server_prefill_mean_ms"] == pytest.approx(
+        sum((r.prefill_end_s - r.prefill_start_s) * 1e3 for r in ended) / len(ended))
+    assert simulated_server_means_ms(busy, tight, (-2.0, -1.0))["server_ttft_mean_ms"] != \
+        simulated_server_means_ms(busy, tight, (-2.0, -1.0))["server_ttft_mean_ms"]  # NaN
 
 
 def test_a_lane_starting_mid_session_sends_its_primer_and_waits_for_it():
