@@ -235,12 +235,14 @@ def replay_cpu_workload(server, concurrency: int, window_s: float, seed: int, ou
                         ) -> Path:
     """Replay the built-in CPU workload (`concurrency` lanes, `window_s` window, `seed`) on
     `server` (a VllmServer) into run directory `out`, as `racksim-validate run` records it
-    (with the server's log), the driver off the model worker's CPUs. Returns `out`."""
+    (with the server's log), the driver off the model worker's CPUs. The server's own CPU
+    over the replay goes into run.json as `server_cpu_s`: per process name, its threads' time
+    on a CPU and waiting for one (s; `server.group_cpu_s`). Returns `out`."""
     import json
 
     from rackSim.validate.driver import DriverSettings, run_driver
     from rackSim.validate.runs import WORKLOAD_FILE
-    from rackSim.validate.server import driver_on
+    from rackSim.validate.server import driver_on, group_cpu_s
     from rackSim.validate.workloads import cpu_tiny_workload
     from rackSim.workload.sources import load_sessions
 
@@ -248,10 +250,18 @@ def replay_cpu_workload(server, concurrency: int, window_s: float, seed: int, ou
     out.mkdir(parents=True, exist_ok=True)
     (out / WORKLOAD_FILE).write_text(json.dumps(
         {"workload": json.loads(wl.model_dump_json()), "seed": seed}, indent=1))
+    before = group_cpu_s(server.proc.pid)
     with driver_on(server.host_cpus):
         run_driver(load_sessions(wl, seed), DriverSettings(
             endpoints=[server.url], replay=wl.replay, seed=seed, server_log=server.log_path),
             out)
+    after = group_cpu_s(server.proc.pid)
+    meta_path = out / "run.json"
+    meta = json.loads(meta_path.read_text())
+    meta["server_cpu_s"] = {name: {"cpu_s": cpu - before.get(name, [0.0, 0.0])[0],
+                                   "wait_s": wait - before.get(name, [0.0, 0.0])[1]}
+                            for name, (cpu, wait) in after.items()}
+    meta_path.write_text(json.dumps(meta, indent=1))
     return out
 
 

@@ -120,6 +120,23 @@ def group_processes(pgid: int) -> list[tuple[int, str]]:
     return found
 
 
+def group_cpu_s(pgid: int) -> dict[str, list[float]]:
+    """Time on a CPU and runnable but waiting for one (s), summed over every thread of every
+    process of process group `pgid`, per process name (comm): [cpu_s, wait_s]. From the
+    kernel's schedstat (Linux /proc); a thread gone since the listing is left out."""
+    out: dict[str, list[float]] = {}
+    for pid, name in group_processes(pgid):
+        for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            try:
+                on_cpu_ns, wait_ns = stat.read_text().split()[:2]
+            except (OSError, ValueError):
+                continue
+            acc = out.setdefault(name, [0.0, 0.0])
+            acc[0] += int(on_cpu_ns) / 1e9
+            acc[1] += int(wait_ns) / 1e9
+    return out
+
+
 def renice_group(pgid: int, comm_prefix: str, nice: int) -> list[int]:
     """Set the niceness of every process of process group `pgid` whose name (comm) starts
     with `comm_prefix`; returns their pids (Linux /proc)."""

@@ -32,6 +32,7 @@ from rackSim.validate.server import (
     deprioritize,
     driver_on,
     free_port,
+    group_cpu_s,
     group_processes,
     renice_group,
     start_server,
@@ -102,6 +103,28 @@ def test_renice_group_finds_the_named_processes_of_a_group_only():
         assert renice_group(child.pid, "VLLM::EngineCor", 9) == []  # no such name there
         assert renice_group(os.getpgrp(), "sleep", 9) == []  # not in this test's group
         assert os.getpriority(os.PRIO_PROCESS, child.pid) == 7
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_group_s_cpu_is_summed_per_process_name_over_its_threads():
+    """The server's CPU per run (run.json `server_cpu_s`): a child spinning for 0.3 s of CPU
+    in its own group (standing in for the server) shows it under its name, within the
+    kernel's accounting, and nothing else is in that group."""
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n" \
+           "time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        got = {}
+        while time.monotonic() < deadline:
+            got = group_cpu_s(child.pid)
+            if got and max(cpu for cpu, _ in got.values()) >= 0.3:
+                break
+            time.sleep(0.1)
+        (name, (cpu, wait)), = got.items()
+        assert name.startswith("python") and 0.3 <= cpu < 5.0 and wait >= 0.0
     finally:
         child.kill()
         child.wait()

@@ -14,6 +14,7 @@ The goal of 10 % / 5 % is reported in the printed table (run with -s), not asser
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -30,7 +31,7 @@ from rackSim.validate.grid import (
     replay_cpu_workload,
     run_grid,
 )
-from rackSim.validate.server import ServerSettings
+from rackSim.validate.server import ENGINE_CORE, WORKER, ServerSettings
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +72,13 @@ def test_grid_tiny_moe(vllm_server, tmp_path):
     def run(concurrency, seed, out):
         return replay_cpu_workload(vllm_server, concurrency, SPEC.window_s, seed, out)
     _check(run_grid(SPEC, run, tmp_path, "tiny-moe"))
+    # each run records the server's own CPU over it, per process: the engine core and the
+    # model worker computed for a good part of an 8-s window
+    cpu = json.loads((tmp_path / "seed5" / "c8" / "run.json").read_text())["server_cpu_s"]
+    def busy(prefix: str) -> float:
+        return sum(v["cpu_s"] for name, v in cpu.items() if name.startswith(prefix))
+    assert busy(ENGINE_CORE) > 1.0 and busy(WORKER) > 1.0, cpu
+    assert all(v["wait_s"] >= 0 for v in cpu.values())
 
 
 def test_grid_tiny_dense(tmp_path):
