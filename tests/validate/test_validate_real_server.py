@@ -89,11 +89,14 @@ def test_records_match_server_counters(measured_runs):
         assert probe["before"]["ok"] == probe["after"]["ok"] == 5
         assert set(probe["change"]) == {"ttft_ms", "tpot_ms"}
         # the driver's CPU was measured; behind a local server started at --server-nice it
-        # hardly waits for one (measured: 1% of a 12-lane run; 43% with the server at nice 0)
+        # hardly waits for one (measured: 1% of a 12-lane run; 43% with the server at nice 0).
+        # The machine's other load alone once made it wait 9% of a CI run (2026-12-03, beyond
+        # the 5% at which `run` warns), so the bound is three times that warning: it still
+        # tells a niced server (1%) from an unniced one (43%)
         seg = meta["segments"][-1]
         assert seg["driver_cpu_s"] > 0 and seg["driver_wait_s"] >= 0
         if run.local_server:
-            assert driver_wait_share(seg) < DRIVER_WAIT_LIMIT, seg
+            assert driver_wait_share(seg) < 3 * DRIVER_WAIT_LIMIT, seg
         scrapes = read_scrapes(out.out_dir / "scrapes.jsonl")
         labels = {s["label"] for s in scrapes}
         assert labels == {"before", "during", "after"}
