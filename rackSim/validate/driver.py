@@ -71,6 +71,7 @@ from rackSim.validate.scrape import (
     scrape,
     shape_change,
 )
+from rackSim.validate.server import schedstat_s
 from rackSim.workload.graph import RequestSpec, SessionGraph, SessionInstance
 from rackSim.workload.replay import PRIMER, ClosedLoopReplay, SessionCursor
 from rackSim.workload.tokens import FIRST_TOKEN_ID, prompt_token_ids
@@ -84,12 +85,7 @@ DRIVER_WAIT_LIMIT = 0.05  # share of a segment the driver may wait for a CPU
 def thread_cpu_s() -> tuple[float, float] | None:
     """The calling thread's time on a CPU and runnable but waiting for one (s), from
     /proc/thread-self/schedstat; None where the kernel does not keep them."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            on_cpu_ns, wait_ns = f.read().split()[:2]
-        return int(on_cpu_ns) / 1e9, int(wait_ns) / 1e9
-    except (OSError, ValueError):
-        return None
+    return schedstat_s("/proc/thread-self/schedstat")
 
 
 def driver_wait_share(segment: dict) -> float | None:

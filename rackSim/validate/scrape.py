@@ -151,15 +151,24 @@ def read_scrapes(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def _change(a: dict, b: dict, name: str) -> float:
+    """Change of a counter (summed over label sets) from scrape `a` to scrape `b`."""
+    return (metric_total([tuple(v) for v in b["samples"]], name)
+            - metric_total([tuple(v) for v in a["samples"]], name))
+
+
+def _run_ends(scrapes: list[dict]) -> tuple[dict, dict] | None:
+    """A run's first 'before' scrape and last 'after' scrape (None when either is missing)."""
+    before = [x for x in scrapes if x["label"] == "before" and x.get("samples")]
+    after = [x for x in scrapes if x["label"] == "after" and x.get("samples")]
+    return (before[0], after[-1]) if before and after else None
+
+
 def run_delta(scrapes: list[dict], name: str) -> float:
     """Change of a counter (summed over label sets) from a run's first 'before' scrape to its
     last 'after' scrape (NaN when either is missing)."""
-    before = [x for x in scrapes if x["label"] == "before" and x.get("samples")]
-    after = [x for x in scrapes if x["label"] == "after" and x.get("samples")]
-    if not before or not after:
-        return math.nan
-    return (metric_total([tuple(v) for v in after[-1]["samples"]], name)
-            - metric_total([tuple(v) for v in before[0]["samples"]], name))
+    ends = _run_ends(scrapes)
+    return math.nan if ends is None else _change(*ends, name)
 
 
 #: the server's own means (ms) over a run, from its histograms: TTFT from the API server's
@@ -171,10 +180,17 @@ SERVER_MEANS = {"server_ttft_mean_ms": "vllm:time_to_first_token_seconds",
                 "server_prefill_mean_ms": "vllm:request_prefill_time_seconds"}
 
 
+def _histogram_mean_ms(a: dict, b: dict, name: str) -> float:
+    """Mean (ms) of what a seconds histogram observed between scrapes `a` and `b` (NaN
+    without observations)."""
+    n = _change(a, b, name + "_count")
+    return _change(a, b, name + "_sum") / n * 1e3 if n > 0 else math.nan
+
+
 def histogram_mean_ms(scrapes: list[dict], name: str) -> float:
     """Mean (ms) of a seconds histogram over a run (NaN without observations or scrapes)."""
-    n = run_delta(scrapes, name + "_count")
-    return run_delta(scrapes, name + "_sum") / n * 1e3 if n > 0 else math.nan
+    ends = _run_ends(scrapes)
+    return math.nan if ends is None else _histogram_mean_ms(*ends, name)
 
 
 def window_histogram_mean_ms(scrapes: list[dict], name: str, t0: float, t1: float
@@ -188,14 +204,7 @@ def window_histogram_mean_ms(scrapes: list[dict], name: str, t0: float, t1: floa
     if len(inside) < 2:
         return math.nan, math.nan, math.nan
     a, b = inside[0], inside[-1]
-
-    def delta(key: str) -> float:
-        return (metric_total([tuple(v) for v in b["samples"]], key)
-                - metric_total([tuple(v) for v in a["samples"]], key))
-
-    n = delta(name + "_count")
-    mean = delta(name + "_sum") / n * 1e3 if n > 0 else math.nan
-    return mean, a["t_s"], b["t_s"]
+    return _histogram_mean_ms(a, b, name), a["t_s"], b["t_s"]
 
 
 def server_means_ms(scrapes: list[dict]) -> dict[str, float]:

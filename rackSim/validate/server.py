@@ -127,14 +127,22 @@ def group_cpu_s(pgid: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for pid, name in group_processes(pgid):
         for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
-            try:
-                on_cpu_ns, wait_ns = stat.read_text().split()[:2]
-            except (OSError, ValueError):
-                continue
-            acc = out.setdefault(name, [0.0, 0.0])
-            acc[0] += int(on_cpu_ns) / 1e9
-            acc[1] += int(wait_ns) / 1e9
+            got = schedstat_s(stat)
+            if got is not None:
+                acc = out.setdefault(name, [0.0, 0.0])
+                acc[0] += got[0]
+                acc[1] += got[1]
     return out
+
+
+def schedstat_s(path: Path | str) -> tuple[float, float] | None:
+    """A thread's time on a CPU and runnable but waiting for one (s) from its schedstat file
+    (Linux /proc); None when it cannot be read (gone, or a kernel that keeps none)."""
+    try:
+        on_cpu_ns, wait_ns = Path(path).read_text().split()[:2]
+        return int(on_cpu_ns) / 1e9, int(wait_ns) / 1e9
+    except (OSError, ValueError):
+        return None
 
 
 def renice_group(pgid: int, comm_prefix: str, nice: int) -> list[int]:
