@@ -14,14 +14,17 @@ one output token, and waits for it); every token's time is recorded so ITL is co
 token times exactly as for the measured run. No speculative decoding (the measured server
 runs none); the KV cache holds `kv_capacity_tokens` and nothing is offloaded to the host.
 
-The driver sends every prompt as the workload's own token ids (`rackSim.workload.tokens`),
-so a turn re-sends its predecessor's output as those ids, not as the tokens the server
-generated: the blocks the output filled on the server never match, and a turn's prefix hit
-ends at its predecessor's prompt (in whole blocks). The simulated server keeps only a
-request's prompt reusable (`reuse_outputs=False`); an agent re-sending what the model said
-would reuse its output too, as the main engine assumes. Measured on a six-lane run: one
-request in seven hit one 128-token block less than a cache that kept the outputs predicts,
-exactly those whose predecessor's last full block held output tokens.
+What a turn's prompt re-sends as its predecessor's output is the run's choice
+(`driver.PROMPT_OUTPUTS`, run.json `prompt_outputs`): the token ids the server generated, as
+an agent re-sends what the model said, so the blocks the output filled hit the server's cache
+and the simulated server keeps outputs reusable (`reuse_outputs=True`, as the main engine
+does); or the workload's own ids (runs recorded before the choice), which never match the
+generated ones, so a turn's hit ends at its predecessor's prompt and the simulated server
+keeps only prompts reusable. Measured on a six-lane run of the second kind: one request in
+seven hit one 128-token block less than a cache that kept the outputs predicts, exactly those
+whose predecessor's last full block held output tokens. (vLLM never computes the KV of a
+request's last sampled token, so a context that ends exactly on a block boundary leaves its
+last block uncached; the simulated cache keeps it: one block, for one request in 128.)
 """
 
 from __future__ import annotations
@@ -58,9 +61,11 @@ class ColocatedOutput:
 
 
 def simulate_colocated(sessions: list[SessionGraph], replay: ReplaySpec, profile: Profile,
-                       seed: int = 0, max_sim_s: float = 3600.0) -> ColocatedOutput:
+                       seed: int = 0, max_sim_s: float = 3600.0, reuse_outputs: bool = False
+                       ) -> ColocatedOutput:
     """Replay `sessions` on one simulated engine priced by `profile`; run until the window has
-    passed and the requests in flight have finished (as the driver does)."""
+    passed and the requests in flight have finished (as the driver does). reuse_outputs:
+    whether later prompts re-send outputs as the server generated them (module docstring)."""
     env = simpy.Environment()
     records = RequestLog()
     steps: list[tuple] = []
@@ -76,7 +81,7 @@ def simulate_colocated(sessions: list[SessionGraph], replay: ReplaySpec, profile
         lambda _t: False,
         True, lambda _job: None, on_step, block_tokens=shape.block_tokens,
         api_delay_s=profile.api_overhead_ms / 1e3, output_delay_s=profile.output_ms / 1e3,
-        reuse_outputs=False)
+        reuse_outputs=reuse_outputs)
     rp = ClosedLoopReplay(sessions, replay, seed)
     # primers are sent as requests and waited for, as the driver sends them to the server
     clients = AgentClients(env, rp, engine.submit, None, records)

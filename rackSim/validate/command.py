@@ -125,6 +125,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true",
                    help="continue the run in --out: re-send only requests without a "
                         "successful record")
+    r.add_argument("--prompt-outputs", choices=("server", "workload"), default="server",
+                   help="what a turn's prompt re-sends as earlier outputs: the token ids the "
+                        "server generated (as an agent does: they hit its prefix cache) or the "
+                        "workload's own (never a hit); a resumed run keeps its first choice")
     _server_shape_args(r)
     _placement_args(r)
 
@@ -302,7 +306,8 @@ def _run(args: argparse.Namespace) -> int:
                               scrape_interval_s=args.scrape_interval_s,
                               max_requests=args.max_requests, max_duration_s=args.max_duration_s,
                               resume=args.resume, probe=not args.no_probe,
-                              server_log=args.server_log)
+                              server_log=args.server_log,
+                              prompt_outputs=args.prompt_outputs)
     if args.server_log is not None and not args.server_log.is_file():
         raise BadInput(f"--server-log: no such file {args.server_log}")
     from rackSim.validate.driver import DRIVER_WAIT_LIMIT, ReplayDriver, driver_wait_share

@@ -9,6 +9,15 @@ endpoint i mod n (session affinity, as one would pin an agent to a replica).
 Each request is a streaming `/v1/completions` call with the prompt as token ids
 (`rackSim.workload.tokens.prompt_token_ids`), `max_tokens` = the request's output tokens,
 `ignore_eos`, `return_token_ids` and `stream_options: include_usage + continuous_usage_stats`.
+A turn's prompt re-sends the outputs of the requests it continues (`output_spans`); by default
+(`prompt_outputs="server"`) as the token ids the server generated for them in this run, as an
+agent re-sends what the model said, so the blocks those outputs filled hit the server's prefix
+cache; with "workload" as the workload's own ids, which never hit (runs recorded before this
+choice existed did so, and their run.json has no `prompt_outputs`). The server's ids are kept
+in `outputs.jsonl` (one line per request, for a resumed run); a request whose predecessor's
+output was not generated in this run (a lane's primer has one output token) gets the
+workload's ids for the rest. Workloads with explicit prompt paths (trace loaders) have no
+outputs to re-send and record "workload".
 Times are seconds since the run (segment) started, on the monotonic clock; every token's
 arrival is kept in `token_times_s`. Records are appended and flushed as each request ends
 (`recording`); `/metrics` is scraped before, every `scrape_interval_s` during, and after.
@@ -74,9 +83,11 @@ from rackSim.validate.scrape import (
 from rackSim.validate.server import schedstat_s
 from rackSim.workload.graph import RequestSpec, SessionGraph, SessionInstance
 from rackSim.workload.replay import PRIMER, ClosedLoopReplay, SessionCursor
-from rackSim.workload.tokens import FIRST_TOKEN_ID, prompt_token_ids
+from rackSim.workload.tokens import FIRST_TOKEN_ID, output_spans, prompt_token_ids
 
-RECORDS, SCRAPES, RUN_META = "records.jsonl", "scrapes.jsonl", "run.json"
+RECORDS, SCRAPES, RUN_META, OUTPUTS = "records.jsonl", "scrapes.jsonl", "run.json", \
+    "outputs.jsonl"
+PROMPT_OUTPUTS = ("server", "workload")
 PROBE_REQUESTS, PROBE_PROMPT, PROBE_OUTPUT = 5, 512, 32
 DRIFT_LIMIT = 0.25  # relative change of a probe median that marks a server as drifting
 DRIVER_WAIT_LIMIT = 0.05  # share of a segment the driver may wait for a CPU
@@ -105,7 +116,9 @@ class DriverSettings:
     prefixes a previous run left in the server's cache; None = a fresh random salt (a resumed
     run reuses the salt in run.json). probe: the drift probe before and after (module
     docstring). server_log: a local server's log; run.json then keeps this segment's byte
-    range of it (probes excluded) and the scheduler limits its start-up lines state."""
+    range of it (probes excluded) and the scheduler limits its start-up lines state.
+    prompt_outputs: what a prompt re-sends as an earlier request's output, "server" (the ids
+    it generated) or "workload" (the workload's ids) (module docstring)."""
 
     endpoints: list[str]
     replay: ReplaySpec
@@ -120,6 +133,7 @@ class DriverSettings:
     token_salt: int | None = None
     probe: bool = True
     server_log: Path | None = None
+    prompt_outputs: str = "server"
 
 
 @dataclass
@@ -159,6 +173,9 @@ class ReplayDriver:
             self.salt = json.loads(meta_path.read_text()).get("token_salt")
         if self.salt is None:
             self.salt = int.from_bytes(os.urandom(4), "little")
+        self.prompt_outputs = _prompt_outputs(settings, sessions, meta_path)
+        self.outputs_path = out_dir / OUTPUTS
+        self.outputs = read_outputs(self.outputs_path) if settings.resume else {}
         self.sent = self.failed = self.skipped = 0
         self.stop_reason: str | None = None
         self._t0 = 0.0
@@ -191,8 +208,7 @@ class ReplayDriver:
             self.skipped += 1
             return
         info = self._server(lane)
-        ids = salted_ids(prompt_token_ids(inst, spec.rid, self.s.vocab_size), self.salt,
-                         self.s.vocab_size)
+        ids = self._prompt(inst, spec.rid)
         rec = RequestRecord(session_id=inst.graph.session_id, rid=spec.rid, lane=lane,
                             session_key=inst.key_base, agent=spec.agent, send_s=self.now(),
                             prompt_tokens=len(ids),
@@ -201,12 +217,15 @@ class ReplayDriver:
                 "stream": True, "ignore_eos": True, "return_token_ids": True,
                 "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         self.sent += 1
+        generated: list[int] = []
         try:
-            await asyncio.wait_for(self._stream(client, info.url, body, rec),
+            await asyncio.wait_for(self._stream(client, info.url, body, rec, generated),
                                    self.s.policy.request_timeout_s)
             if rec.error is None and rec.output_tokens < spec.output_tokens:
                 rec.error = (f"truncated: stream ended after {rec.output_tokens} of "
                              f"{spec.output_tokens} tokens")
+            if rec.error is None and self.prompt_outputs == "server":
+                self._keep_output(f"{inst.key_base}:{spec.rid}", generated)
         except asyncio.CancelledError:
             rec.error = "protocol: cancelled (run interrupted)"
             raise
@@ -222,8 +241,31 @@ class ReplayDriver:
                 if self.s.policy.should_stop(self.failed):
                     self._stop("max_errors")
 
+    def _prompt(self, inst: SessionInstance, rid: int) -> np.ndarray:
+        """The token ids request `rid`'s prompt is sent as: the workload's (salted), with the
+        outputs it re-sends replaced by the server's where this run generated them."""
+        ids = salted_ids(prompt_token_ids(inst, rid, self.s.vocab_size), self.salt,
+                         self.s.vocab_size)
+        if self.prompt_outputs == "server":
+            reqs = inst.graph.requests
+            for a, start, end in output_spans(inst, rid):
+                got = self.outputs.get(f"{inst.key_base}:{a}")
+                if got is not None:
+                    first = reqs[a].prompt_tokens
+                    n = min(end, first + len(got)) - start
+                    if n > 0:
+                        ids[start:start + n] = got[start - first:start - first + n]
+        return ids
+
+    def _keep_output(self, key: str, generated: list[int]) -> None:
+        self.outputs[key] = np.asarray(generated, dtype=np.int64)
+        with self.outputs_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"key": key, "ids": generated}, separators=(",", ":")) + "\n")
+
     async def _stream(self, client: httpx.AsyncClient, url: str, body: dict,
-                      rec: RequestRecord) -> None:
+                      rec: RequestRecord, generated: list[int]) -> None:
+        """Stream one completion into `rec` (token times, usage) and `generated` (the
+        output's token ids, as the server returns them)."""
         async with client.stream("POST", url + "/v1/completions", json=body) as resp:
             if resp.status_code >= 400:
                 text = (await resp.aread()).decode(errors="replace")[:300]
@@ -245,6 +287,8 @@ class ReplayDriver:
                 for ch in chunk.get("choices") or []:
                     ids = ch.get("token_ids")
                     n = len(ids) if ids is not None else (1 if ch.get("text") else 0)
+                    if ids:
+                        generated.extend(ids)
                     if n and math.isnan(rec.first_token_s):
                         rec.first_token_s = t
                     rec.token_times_s.extend([t] * n)
@@ -269,7 +313,7 @@ class ReplayDriver:
                                 send_s=self.now(), prompt_tokens=PROBE_PROMPT, phase="probe")
             body = {"model": info.model, "prompt": ids.tolist(), "max_tokens": PROBE_OUTPUT,
                     "stream": True, "ignore_eos": True, "return_token_ids": True}
-            await self._stream(client, info.url, body, rec)
+            await self._stream(client, info.url, body, rec, [])
             if rec.error is None and rec.output_tokens > 1:
                 ttft.append((rec.first_token_s - rec.send_s) * 1e3)
                 tpot.append((rec.token_times_s[-1] - rec.first_token_s) * 1e3
@@ -468,6 +512,7 @@ class ReplayDriver:
             "format": "racksim-validate-run/1", "segments": []}
         ws, we = self._window()
         meta.update({"token_salt": self.salt, "seed": self.s.seed,
+                     "prompt_outputs": self.prompt_outputs,
                      "endpoints": [asdict(i) for i in self._infos],
                      "replay": self.s.replay.model_dump(), "num_sessions": len(self.sessions),
                      "window_start_s": ws, "window_end_s": we,
@@ -492,6 +537,35 @@ def salted_ids(ids: np.ndarray, salt: int, vocab_size: int) -> np.ndarray:
     """Rotate token ids in [FIRST_TOKEN_ID, vocab_size) by `salt` (equal ids stay equal)."""
     span = vocab_size - FIRST_TOKEN_ID
     return (ids - FIRST_TOKEN_ID + salt % span) % span + FIRST_TOKEN_ID
+
+
+def _prompt_outputs(settings: DriverSettings, sessions: list[SessionGraph], meta_path: Path
+                    ) -> str:
+    """What this segment's prompts re-send as outputs: a resumed run keeps its run.json's
+    choice (none recorded: "workload"); workloads with explicit paths have none to re-send."""
+    if settings.prompt_outputs not in PROMPT_OUTPUTS:
+        raise ValueError(f"prompt_outputs={settings.prompt_outputs!r}: one of {PROMPT_OUTPUTS}")
+    if settings.resume and meta_path.exists():
+        return json.loads(meta_path.read_text()).get("prompt_outputs", "workload")
+    if any(r.path is not None for g in sessions for r in g.requests):
+        return "workload"
+    return settings.prompt_outputs
+
+
+def read_outputs(path: Path) -> dict[str, np.ndarray]:
+    """The server's output token ids a run kept, per request key (a torn last line is
+    skipped: that request's successors get the workload's ids)."""
+    out: dict[str, np.ndarray] = {}
+    if not path.exists():
+        return out
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            out[row["key"]] = np.asarray(row["ids"], dtype=np.int64)
+    return out
 
 
 def _last_time(path: Path) -> float:

@@ -46,16 +46,18 @@ def solve_by_line(f: Callable[[float], float], target: float, xs: np.ndarray
 
 
 def refine_overheads(profile: Profile, sessions: list[SessionGraph], replay: ReplaySpec,
-                     seed: int, measured: dict, rounds: int = 2) -> Profile:
+                     seed: int, measured: dict, rounds: int = 2, reuse_outputs: bool = False
+                     ) -> Profile:
     """A copy of `profile` with api_overhead_ms and overhead_ms refined (module docstring).
-    `measured` is the fitting run's summary (`compare.summarize_run(...).summary`)."""
+    `measured` is the fitting run's summary (`compare.summarize_run(...).summary`);
+    reuse_outputs as the run re-sent outputs (`simulate_colocated`)."""
     out = copy.deepcopy(profile)
     ttft, itl = measured.get("ttft_p50_ms", math.nan), measured.get("itl_p50_ms", math.nan)
     if math.isnan(ttft) or math.isnan(itl):
         return out
 
     def sim(p: Profile) -> dict:
-        o = simulate_colocated(sessions, replay, p, seed=seed)
+        o = simulate_colocated(sessions, replay, p, seed=seed, reuse_outputs=reuse_outputs)
         return summarize_run(o.records, o.window_start_s, o.window_end_s, "refine").summary
 
     def with_(field: str, value: float) -> Profile:

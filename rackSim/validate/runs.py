@@ -33,6 +33,14 @@ def run_workload(run: Path) -> tuple[WorkloadSpec, int]:
     return WorkloadSpec.model_validate(doc["workload"]), int(doc["seed"])
 
 
+def reuses_outputs(run: Path) -> bool:
+    """Whether a run's prompts re-sent earlier outputs as the ids the server generated
+    (run.json `prompt_outputs`; runs recorded before the choice sent the workload's)."""
+    path = run / "run.json"
+    return path.exists() and \
+        json.loads(path.read_text()).get("prompt_outputs", "workload") == "server"
+
+
 def recorded_shape(run: Path) -> dict:
     """The server shape a run recorded (ServerShape fields it knows): KV block and capacity
     from the endpoints' /metrics, scheduler limits from the server log. ValueError when the
@@ -157,7 +165,8 @@ def fit_run(run: Path, source: str, shape: ServerShape, refine: bool = False,
     sessions = load_sessions(wl, seed)
     if refine:
         prof = refine_overheads(prof, sessions, wl.replay, seed,
-                                summarize_run(recs, t0, t1, "measured").summary)
+                                summarize_run(recs, t0, t1, "measured").summary,
+                                reuse_outputs=reuses_outputs(run))
     fit_front_end(run, recs, prof, sessions, server_delay=not refine)
     return prof
 
@@ -200,7 +209,8 @@ def fit_front_end(run: Path, recs: list, prof: Profile, sessions: list[SessionGr
     wl, seed = run_workload(run)
 
     def sim(p: Profile):
-        return simulate_colocated(sessions, wl.replay, p, seed=seed)
+        return simulate_colocated(sessions, wl.replay, p, seed=seed,
+                                  reuse_outputs=reuses_outputs(run))
 
     delay = [(r.first_token_s - r.prefill_end_s) * 1e3 for r in sim(prof).records
              if r.error is None and not math.isnan(r.first_token_s)]
@@ -307,7 +317,8 @@ def predict_run(run: Path, profile: Profile, allow_other_shape: bool = False,
     if at_run_speed:
         profile = profile.at_speed(**speed)
     sessions = load_sessions(wl, seed)
-    sim = simulate_colocated(sessions, wl.replay, profile, seed=seed)
+    sim = simulate_colocated(sessions, wl.replay, profile, seed=seed,
+                             reuse_outputs=reuses_outputs(run))
     scrapes = run / "scrapes.jsonl"
     server = server_means_ms(read_scrapes(scrapes)) if scrapes.exists() else {}
     measured = summarize_run(recs, t0, t1, "measured", sessions=sessions, server=server).summary

@@ -61,6 +61,32 @@ def prompt_token_ids(inst: SessionInstance, rid: int,
     return (h % span).astype(np.int64) + FIRST_TOKEN_ID
 
 
+def output_spans(inst: SessionInstance, rid: int) -> list[tuple[int, int, int]]:
+    """Where request `rid`'s prompt re-sends earlier requests' outputs: [(rid of the request
+    that generated them, start, end)] in absolute token positions, nearest ancestor first.
+
+    A prompt starts with the first `prefix_tokens` of its parent's context (the parent's
+    prompt, then its output), so the parent's output fills [parent prompt, parent context)
+    cut at the prefix, and so on up the chain of prefix parents. Empty for an explicit path
+    (trace loaders), whose tokens are not split into prompts and outputs.
+    """
+    reqs = inst.graph.requests
+    r = reqs[rid]
+    if r.path is not None:
+        return []
+    out: list[tuple[int, int, int]] = []
+    limit, a = r.prefix_tokens, r.parent
+    while a is not None:
+        p = reqs[a]
+        if p.path is not None:
+            break
+        end = min(p.context_tokens, limit)
+        if end > p.prompt_tokens:
+            out.append((a, p.prompt_tokens, end))
+        limit, a = min(limit, p.prefix_tokens), p.parent
+    return out
+
+
 def block_hashes(inst: SessionInstance, rid: int) -> np.ndarray:
     """Hashes (uint64) of the full 64-token blocks of request `rid`'s prompt, in order.
 

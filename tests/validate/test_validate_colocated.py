@@ -156,28 +156,24 @@ def test_a_lane_starting_mid_session_sends_its_primer_and_waits_for_it():
         assert p.ttft_ms == pytest.approx((p.finish_s - p.send_s) * 1e3) and p.ttft_ms > 5.0
 
 
-def test_a_turn_hits_its_predecessor_s_prompt_not_its_output(monkeypatch):
-    """The driver re-sends a turn's output as the workload's own token ids, not the server's,
-    so the simulated server keeps only prompts reusable: turn 1 re-sends 3000 prompt + 100
-    output tokens and hits 3000 // 128 = 23 blocks (2944 tokens), not the 3100 // 128 = 24
-    (3072) that an agent re-sending the model's own output would hit (the engine's colocated
-    instance as the main engine runs it, `reuse_outputs=True`)."""
-    import rackSim.validate.colocated as vc
-
+def test_a_turn_hits_its_predecessor_s_output_only_when_re_sent_as_generated():
+    """Turn 1 re-sends 3000 prompt + 100 output tokens. Re-sent as the workload's own ids (runs
+    recorded before `prompt_outputs`), the output never matches what the server generated and
+    the turn hits 3000 // 128 = 23 blocks (2944 tokens); re-sent as the server's ids, as an
+    agent does (`reuse_outputs=True`, the main engine's instance as it runs), it hits
+    3100 // 128 = 24 (3072)."""
     r0 = RequestSpec(rid=0, parent=None, prefix_tokens=0, new_tokens=3000, output_tokens=100)
     r1 = RequestSpec(rid=1, parent=0, prefix_tokens=3100, new_tokens=300, output_tokens=3,
                      after=(0,), delay_s=0.5)
     chain = SessionGraph(session_id="s", requests=(r0, r1))
     replay = ReplaySpec(concurrency=1, primer=False, warmup_requests_per_lane=0, window_s=3.0)
 
-    def turn_one_hit() -> int:
-        out = simulate_colocated([chain], replay, _profile(), seed=0)
+    def turn_one_hit(reuse_outputs: bool) -> int:
+        out = simulate_colocated([chain], replay, _profile(), seed=0,
+                                 reuse_outputs=reuse_outputs)
         first = next(r for r in out.records if r.rid == 0)
         return next(r.cached_tokens for r in out.records
                     if r.rid == 1 and r.session_key == first.session_key)
 
-    assert turn_one_hit() == 2944
-    engine = vc.ColocatedInstance
-    monkeypatch.setattr(vc, "ColocatedInstance",
-                        lambda *a, **k: engine(*a, **{**k, "reuse_outputs": True}))
-    assert turn_one_hit() == 3072
+    assert turn_one_hit(False) == 2944
+    assert turn_one_hit(True) == 3072

@@ -120,6 +120,33 @@ def test_prompt_lengths_are_the_workloads(measured_runs):
     assert np.array_equal(a, b[: len(a)])
 
 
+def test_turns_hit_the_outputs_they_re_send(measured_runs):
+    """The driver re-sends a turn's predecessor's output as the ids the server generated (the
+    default), so a turn that re-sends its predecessor's whole context hits the blocks that
+    output filled: past the predecessor's prompt whenever its context (less the last token)
+    has more whole 128-token blocks than its prompt (as the workload's own ids, it never got past the prompt: measured
+    on a six-lane run, docs/validate.md). Every such turn of the run is checked; the server's
+    cache holds them all (1 GiB of KV for tens of sessions)."""
+    for run in measured_runs.values():
+        assert run.outcome.meta["prompt_outputs"] == "server"
+        recs, _, _ = load_driver_run(run.outcome.out_dir)
+        done = {(r.session_key, r.rid): r for r in recs if r.phase != "primer"}
+        by_id = {g.session_id: g for g in run.sessions}
+        checked = 0
+        for r in recs:
+            spec = by_id[r.session_id].requests[r.rid]
+            parent = done.get((r.session_key, spec.parent))
+            if parent is None or r.phase == "primer":
+                continue
+            p = by_id[r.session_id].requests[spec.parent]
+            # vLLM never computes the last sampled token's KV: the blocks before it count
+            if spec.prefix_tokens == p.context_tokens and \
+                    (p.context_tokens - 1) // 128 > p.prompt_tokens // 128:
+                assert r.cached_tokens > p.prompt_tokens // 128 * 128, (r, p)
+                checked += 1
+        assert checked >= 5, checked
+
+
 def test_iteration_log_matches_records(measured_runs):
     for run in measured_runs.values():
         steps = read_iteration_log(run.log_path, run.log_start, run.log_end)
@@ -134,7 +161,8 @@ def test_iteration_log_matches_records(measured_runs):
 
 def _predict(run, profile):
     replay = ReplaySpec(**run.outcome.meta["replay"])
-    sim = simulate_colocated(run.sessions, replay, profile, seed=run.seed)
+    sim = simulate_colocated(run.sessions, replay, profile, seed=run.seed,
+                             reuse_outputs=run.outcome.meta["prompt_outputs"] == "server")
     return summarize_run(sim.records, sim.window_start_s, sim.window_end_s, "simulated",
                          sessions=run.sessions).summary
 

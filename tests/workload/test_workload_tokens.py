@@ -12,6 +12,7 @@ from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, Sess
 from rackSim.workload.tokens import (
     FIRST_TOKEN_ID,
     block_hashes,
+    output_spans,
     prompt_token_ids,
 )
 
@@ -101,3 +102,55 @@ def test_explicit_path_tokens_follow_global_nodes() -> None:
     ta, tb = prompt_token_ids(ia, 0), prompt_token_ids(ib, 0)
     assert _common(ta, tb) == 512
     assert _common(block_hashes(ia, 0), block_hashes(ib, 0)) == 8
+
+
+@settings(max_examples=60, deadline=None)
+@given(graph_and_two_requests())
+def test_output_spans_are_exactly_the_ancestors_outputs(drawn: tuple[SessionGraph, int, int]
+                                                         ) -> None:
+    """Each prompt position belongs to an output span exactly when the request that owns it
+    (walking up the prefix parents, reference `_owner_and_kind`) put it there as output."""
+    g, rid, _ = drawn
+    inst = SessionInstance(g, key_base=0)
+    spans = output_spans(inst, rid)
+    mark = {}
+    for a, s, e in spans:
+        assert 0 <= s < e <= g.requests[rid].prompt_tokens
+        for pos in range(s, e):
+            assert pos not in mark  # spans do not overlap
+            mark[pos] = a
+    for pos in range(g.requests[rid].prompt_tokens):
+        assert mark.get(pos) == _output_owner(g, rid, pos)
+
+
+def _output_owner(g: SessionGraph, rid: int, pos: int) -> int | None:
+    """The request whose output token sits at `pos` of `rid`'s prompt, or None (an input
+    token): walk up while the position lies inside the inherited prefix."""
+    r = g.requests[rid]
+    while pos < r.prefix_tokens:
+        p = g.requests[r.parent]
+        if pos >= p.prompt_tokens:
+            return p.rid
+        r = p
+    return None
+
+
+def test_output_spans_of_a_chain_and_a_fork() -> None:
+    """A turn re-sends its predecessor's whole output; a fork that keeps only part of the
+    parent's context gets only that part; an explicit path gets none."""
+    r0 = RequestSpec(rid=0, parent=None, prefix_tokens=0, new_tokens=500, output_tokens=100)
+    r1 = RequestSpec(rid=1, parent=0, prefix_tokens=600, new_tokens=50, output_tokens=20,
+                     after=(0,))
+    r2 = RequestSpec(rid=2, parent=1, prefix_tokens=560, new_tokens=10, output_tokens=5,
+                     after=(1,))
+    r3 = RequestSpec(rid=3, parent=1, prefix_tokens=670, new_tokens=10, output_tokens=5,
+                     after=(1,))
+    g = SessionGraph("s", (r0, r1, r2, r3))
+    inst = SessionInstance(g, key_base=0)
+    assert output_spans(inst, 0) == []
+    assert output_spans(inst, 1) == [(0, 500, 600)]
+    assert output_spans(inst, 2) == [(0, 500, 560)]
+    assert output_spans(inst, 3) == [(1, 650, 670), (0, 500, 600)]
+    traced = SessionGraph("t", (RequestSpec(rid=0, parent=None, prefix_tokens=0, new_tokens=128,
+                                            output_tokens=1, path=((9, 2),)),))
+    assert output_spans(SessionInstance(traced, 0), 0) == []
