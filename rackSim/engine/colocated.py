@@ -13,7 +13,10 @@ first and at most one prompt is part-way through, so this is the same order.)
 A request admitted on a rank looks up the rank's prefix cache: whole KV blocks of the
 server's size (`block_tokens`), at most prompt - 1 tokens (the last prompt token is always
 computed); blocks found in host memory are promoted and priced. Its whole context (prompt and
-output) is reserved in the rank's GPU cache at admission and stays pinned until it retires.
+output) is reserved in the rank's GPU cache at admission and stays pinned until it retires;
+what later prompts can hit is that context less its last token, whose KV is never computed
+(the request ends when it is sampled), so a context that ends on a block boundary leaves its
+last block out (matched on a real vLLM server request by request, docs/validate.md).
 The step that computes a prompt's last chunk emits its first token; from the next step on the
 request decodes as on a decode instance (`DecodeInstance`: `a` tokens per step, the same
 emission and inter-token-latency accounting). The ranks' steps are synchronised (the MoE
@@ -37,7 +40,7 @@ from rackSim.engine.prefix_cache import TieredPrefixCache
 from rackSim.engine.request import Job
 from rackSim.metrics.histogram import LatencyHistogram
 from rackSim.perf.step import DecodeBatch, PrefillBatch, StepModel
-from rackSim.workload.graph import BLOCK_TOKENS
+from rackSim.workload.graph import BLOCK_TOKENS, PromptPath
 
 
 class ColocatedInstance(DecodeInstance):
@@ -126,7 +129,10 @@ class ColocatedInstance(DecodeInstance):
     def _start(self, job: Job, r: int) -> bool:
         """Admit `job` on rank `r` if the rank's GPU cache can reserve its whole context."""
         tier = self.tiers[r]
-        full = job.inst.context_path(job.spec.rid)
+        spec, inst = job.spec, job.inst
+        full = inst.context_path(spec.rid) \
+            if spec.context_tokens == inst.graph.requests[spec.rid].context_tokens \
+            else inst.path_through(spec.rid, spec.context_tokens)  # a primer: one token out
         if not tier.gpu.can_hold(full):
             return False
         gpu, host = tier.lookup(job.path)
@@ -137,7 +143,7 @@ class ColocatedInstance(DecodeInstance):
         rec.prefill_start_s = self.env.now
         self.queued_tokens -= cached - job.computed  # correct the estimate made at submit
         job.computed = cached
-        kept = full if self.reuse_outputs else job.path
+        kept = computed_path(full, spec.context_tokens) if self.reuse_outputs else job.path
         tier.insert(kept)
         tier.gpu.pin(kept)
         job.path = kept
@@ -226,3 +232,13 @@ class ColocatedInstance(DecodeInstance):
                     n_decoding, emitted - len(entered),
                     sum(self.ctx) + prefill.attended_tokens, len(entered))
             self._advance(end, retiring)
+
+
+def computed_path(path: PromptPath, tokens: int) -> PromptPath:
+    """The blocks of a `tokens`-long context whose KV is computed when its request ends: all
+    but the last token's (sampled, never fed back), so `path` less its last block when
+    `tokens` fill that block exactly."""
+    if tokens % BLOCK_TOKENS or not path:
+        return path
+    key, blocks = path[-1]
+    return path[:-1] + ((key, blocks - 1),) if blocks > 1 else path[:-1]

@@ -12,11 +12,11 @@ Each request is a streaming `/v1/completions` call with the prompt as token ids
 A turn's prompt re-sends the outputs of the requests it continues (`output_spans`); by default
 (`prompt_outputs="server"`) as the token ids the server generated for them in this run, as an
 agent re-sends what the model said, so the blocks those outputs filled hit the server's prefix
-cache; with "workload" as the workload's own ids, which never hit (runs recorded before this
-choice existed did so, and their run.json has no `prompt_outputs`). The server's ids are kept
-in `outputs.jsonl` (one line per request, for a resumed run); a request whose predecessor's
-output was not generated in this run (a lane's primer has one output token) gets the
-workload's ids for the rest. Workloads with explicit prompt paths (trace loaders) have no
+cache; with "workload" as the workload's own ids, which never match them (runs recorded
+before this choice existed did so, and their run.json has no `prompt_outputs`). The
+server's ids are kept in `outputs.jsonl` (one line per request, for a resumed run); where an
+output was not generated in this run (a lane's primer generates one token of it) the
+workload's ids stay. Workloads with explicit prompt paths (trace loaders) have no
 outputs to re-send and record "workload".
 Times are seconds since the run (segment) started, on the monotonic clock; every token's
 arrival is kept in `token_times_s`. Records are appended and flushed as each request ends
@@ -175,7 +175,9 @@ class ReplayDriver:
             self.salt = int.from_bytes(os.urandom(4), "little")
         self.prompt_outputs = _prompt_outputs(settings, sessions, meta_path)
         self.outputs_path = out_dir / OUTPUTS
-        self.outputs = read_outputs(self.outputs_path) if settings.resume else {}
+        if not settings.resume:
+            self.outputs_path.unlink(missing_ok=True)  # a new run re-sends none of another's
+        self.outputs = read_outputs(self.outputs_path)
         self.sent = self.failed = self.skipped = 0
         self.stop_reason: str | None = None
         self._t0 = 0.0

@@ -121,6 +121,11 @@ class SessionInstance:
         return self._cached(rid, self.graph.path_cache[1],
                             self.graph.requests[rid].context_tokens)
 
+    def path_through(self, rid: int, end_tokens: int) -> PromptPath:
+        """The path through the first `end_tokens` of request `rid`'s context (not cached:
+        for a request that generates less than its spec, such as a lane's one-token primer)."""
+        return self._path(rid, end_tokens)
+
     def _cached(self, rid: int, cache: dict[int, PromptPath], end_tokens: int) -> PromptPath:
         """The path from the graph's cache (computed at key base 0), shifted to this replay's
         key base; explicit paths (trace loaders) carry global keys and are not shifted."""

@@ -233,3 +233,16 @@ def test_colocated_step_model_needs_the_layout(smoke_cfg):
         CalibratedStepModel(smoke_cfg, "colocated")
     assert math.isfinite(build_step_model(_colocated(smoke_cfg), "colocated")
                          .mixed_step(*_batches(_colocated(smoke_cfg), 4096, 2)).total_ms)
+
+
+def test_a_context_ending_on_a_block_keeps_that_block_out_of_reuse():
+    """A finished request leaves its context reusable but for its last sampled token, whose KV
+    is never computed: a context of whole blocks loses its last block (the node's count drops,
+    or the node goes when that was its only block); any other length keeps every full block."""
+    from rackSim.engine.colocated import computed_path
+
+    path = ((7, 3), (9, 2))
+    assert computed_path(path, 5 * 64 + 10) == path
+    assert computed_path(path, 5 * 64) == ((7, 3), (9, 1))
+    assert computed_path(((7, 3), (9, 1)), 4 * 64) == ((7, 3),)
+    assert computed_path((), 0) == ()

@@ -177,3 +177,25 @@ def test_a_turn_hits_its_predecessor_s_output_only_when_re_sent_as_generated():
 
     assert turn_one_hit(False) == 2944
     assert turn_one_hit(True) == 3072
+
+
+def test_a_primer_leaves_only_what_it_computed():
+    """A lane that starts at turn 1 first primes turn 0 with one output token. Turn 1 then
+    re-sends turn 0's whole context, of which the server computed only the prompt (the
+    primer's one token is sampled, never fed back): it hits turn 0's prompt in whole 128-token
+    blocks (2944 of 3000), not the 3072 of turn 0's full 3100-token context, even with outputs
+    re-sent as generated. Two lanes: the replay starts one of them at turn 1."""
+    r0 = RequestSpec(rid=0, parent=None, prefix_tokens=0, new_tokens=3000, output_tokens=100)
+    r1 = RequestSpec(rid=1, parent=0, prefix_tokens=3100, new_tokens=300, output_tokens=3,
+                     after=(0,), delay_s=0.5)
+    chain = SessionGraph(session_id="s", requests=(r0, r1))
+    replay = ReplaySpec(concurrency=4, primer=True, warmup_requests_per_lane=0, window_s=2.0)
+    out = simulate_colocated([chain], replay, _profile(), seed=0, reuse_outputs=True)
+    primed = {r.session_key for r in out.records if r.phase == "primer"}
+    assert primed
+    for key in primed:
+        first = next(r for r in out.records if r.session_key == key and r.phase != "primer")
+        assert first.rid == 1 and first.cached_tokens == 2944
+    # a turn 1 after its turn 0 ran in full hits the output too
+    full = [r for r in out.records if r.rid == 1 and r.session_key not in primed]
+    assert full and all(r.cached_tokens == 3072 for r in full)

@@ -75,6 +75,8 @@ def test_a_resumed_run_keeps_its_outputs_and_its_choice(tmp_path):
     # a run recorded before the choice existed re-sent the workload's ids, and still does
     (tmp_path / "run.json").write_text(json.dumps({"token_salt": 7}))
     assert _driver(tmp_path, [_chain()], resume=True).prompt_outputs == "workload"
+    # a new run in the directory (no records yet) re-sends none of another run's outputs
+    assert _driver(tmp_path, [_chain()]).outputs == {} and not (tmp_path / OUTPUTS).exists()
 
 
 def test_explicit_paths_have_no_outputs_to_re_send(tmp_path):

@@ -124,9 +124,10 @@ def test_turns_hit_the_outputs_they_re_send(measured_runs):
     """The driver re-sends a turn's predecessor's output as the ids the server generated (the
     default), so a turn that re-sends its predecessor's whole context hits the blocks that
     output filled: past the predecessor's prompt whenever its context (less the last token)
-    has more whole 128-token blocks than its prompt (as the workload's own ids, it never got past the prompt: measured
-    on a six-lane run, docs/validate.md). Every such turn of the run is checked; the server's
-    cache holds them all (1 GiB of KV for tens of sessions)."""
+    has more whole 128-token blocks than its prompt (re-sent as the workload's own ids, it
+    never got past the prompt: measured on a six-lane run, docs/validate.md). Every such turn
+    of the run is checked; the server's cache holds them all (1 GiB of KV for tens of
+    sessions)."""
     for run in measured_runs.values():
         assert run.outcome.meta["prompt_outputs"] == "server"
         recs, _, _ = load_driver_run(run.outcome.out_dir)
@@ -175,7 +176,8 @@ def _errors(fit_run, pred_run, tmp_path) -> dict[str, dict[str, float]]:
     # black box: records only, then the overheads refined on the fitting run itself
     blackbox = refine_overheads(fit_driver_records(recs_fit), fit_run.sessions,
                                 ReplaySpec(**fit_run.outcome.meta["replay"]), fit_run.seed,
-                                summarize_run(recs_fit, f0, f1, "fit").summary)
+                                summarize_run(recs_fit, f0, f1, "fit").summary,
+                                reuse_outputs=fit_run.outcome.meta["prompt_outputs"] == "server")
     out = {}
     for name, prof in (("iteration_log", fit_iteration_log(steps_fit, records=recs_fit)),
                        ("driver_records", blackbox)):
