@@ -279,8 +279,10 @@ class ReplayDriver:
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    # read on to the body's end: a response left unread closes its
+                    # connection, and every request would then open a new one
                     saw_done = True
-                    break
+                    continue
                 t = self.now()
                 chunk = json.loads(data)
                 if "error" in chunk and not chunk.get("choices"):

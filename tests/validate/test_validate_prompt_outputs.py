@@ -96,3 +96,4 @@ def test_the_simulation_follows_the_run_s_choice(tmp_path):
     assert not reuses_outputs(tmp_path)  # recorded before the choice
     (tmp_path / "run.json").write_text(json.dumps({"prompt_outputs": "server"}))
     assert reuses_outputs(tmp_path)
+
