@@ -22,9 +22,9 @@ does); or the workload's own ids (runs recorded before the choice), which never 
 generated ones, so a turn's hit ends at its predecessor's prompt and the simulated server
 keeps only prompts reusable. Measured on a six-lane run of the second kind: one request in
 seven hit one 128-token block less than a cache that kept the outputs predicts, exactly those
-whose predecessor's last full block held output tokens. (vLLM never computes the KV of a
-request's last sampled token, so a context that ends exactly on a block boundary leaves its
-last block uncached; the simulated cache keeps it: one block, for one request in 128.)
+whose predecessor's last full block held output tokens. What a finished request leaves is
+its context less the last sampled token, whose KV vLLM never computes (a primer's: its prompt
+and one token), as the engine's colocated instance keeps it.
 """
 
 from __future__ import annotations

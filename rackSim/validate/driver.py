@@ -550,10 +550,16 @@ def _prompt_outputs(settings: DriverSettings, sessions: list[SessionGraph], meta
     if settings.prompt_outputs not in PROMPT_OUTPUTS:
         raise ValueError(f"prompt_outputs={settings.prompt_outputs!r}: one of {PROMPT_OUTPUTS}")
     if settings.resume and meta_path.exists():
-        return json.loads(meta_path.read_text()).get("prompt_outputs", "workload")
+        return recorded_prompt_outputs(json.loads(meta_path.read_text()))
     if any(r.path is not None for g in sessions for r in g.requests):
         return "workload"
     return settings.prompt_outputs
+
+
+def recorded_prompt_outputs(meta: dict) -> str:
+    """What a recorded run's prompts re-sent as outputs (run.json; runs recorded before the
+    choice existed sent the workload's ids)."""
+    return meta.get("prompt_outputs", "workload")
 
 
 def read_outputs(path: Path) -> dict[str, np.ndarray]:

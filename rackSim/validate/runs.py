@@ -35,10 +35,11 @@ def run_workload(run: Path) -> tuple[WorkloadSpec, int]:
 
 def reuses_outputs(run: Path) -> bool:
     """Whether a run's prompts re-sent earlier outputs as the ids the server generated
-    (run.json `prompt_outputs`; runs recorded before the choice sent the workload's)."""
+    (run.json `prompt_outputs`)."""
+    from rackSim.validate.driver import recorded_prompt_outputs
+
     path = run / "run.json"
-    return path.exists() and \
-        json.loads(path.read_text()).get("prompt_outputs", "workload") == "server"
+    return path.exists() and recorded_prompt_outputs(json.loads(path.read_text())) == "server"
 
 
 def recorded_shape(run: Path) -> dict:
@@ -207,10 +208,10 @@ def fit_front_end(run: Path, recs: list, prof: Profile, sessions: list[SessionGr
         return
     gap = ttft_all_mean_ms(recs) - server
     wl, seed = run_workload(run)
+    reuse = reuses_outputs(run)
 
     def sim(p: Profile):
-        return simulate_colocated(sessions, wl.replay, p, seed=seed,
-                                  reuse_outputs=reuses_outputs(run))
+        return simulate_colocated(sessions, wl.replay, p, seed=seed, reuse_outputs=reuse)
 
     delay = [(r.first_token_s - r.prefill_end_s) * 1e3 for r in sim(prof).records
              if r.error is None and not math.isnan(r.first_token_s)]
