@@ -9,9 +9,10 @@ popularity = exp(g + x) normalised per layer. It is advanced once per `epoch_ste
 
 Placement. Without EPLB, expert e sits on rank e // (experts / ranks). With EPLB, every
 `interval_steps` the state rebuilds the placement from the mean load of the last `window_steps`
-steps: the `redundant` hottest experts get extra replicas (load split over replicas), then
-replicas are packed greedily, hottest first, onto the least-loaded rank with a free slot
-(each rank holds (experts + redundant) / ranks slots per layer).
+steps (the loads of the epochs in that window; only those are kept, so a state holds no
+history between windows): the `redundant` hottest experts get extra replicas (load split over
+replicas), then replicas are packed greedily, hottest first, onto the least-loaded rank with
+a free slot (each rank holds (experts + redundant) / ranks slots per layer).
 
 Balancedness = sum over layers of mean rank load / sum over layers of max rank load (vLLM's
 definition), in (0, 1]. It is of *expected* loads under the current popularity.
@@ -147,15 +148,20 @@ class EplbState:
         self._g = (self._rng.standard_normal((cfg.layers, cfg.groups)) * cfg.sigma_group
                    )[:, group]
         self._rho = math.exp(-cfg.epoch_steps / cfg.drift_steps) if cfg.drift_steps > 0 else 0.0
-        self._history: deque[np.ndarray] = deque(
-            maxlen=max(1, cfg.window_steps // cfg.epoch_steps))
+        # (epoch, load) of the epochs the next rearrangement averages, oldest first
+        self._history: deque[tuple[int, np.ndarray]] = deque()
+        self._window_epochs = max(1, cfg.window_steps // cfg.epoch_steps)
+        # epochs between rearrangements: they fall on the epochs whose step is a multiple
+        # of interval_steps
+        self._period = (math.lcm(cfg.epoch_steps, cfg.interval_steps) // cfg.epoch_steps
+                        if cfg.enabled else 0)
         self._epoch = 0
         self.rearrangements = 0
         self.last_rearrangement_step = -1
         self.last_rebalance_ms = 0.0
         self.last_moved_bytes = 0.0
         load = self.popularity()
-        self._history.append(load)
+        self._remember(0, load)
         if cfg.enabled:
             eos, ros = balanced_placement(load, cfg.ranks, cfg.redundant)
         else:
@@ -188,13 +194,33 @@ class EplbState:
             self._epoch += 1
             self._drift()
             load = self.popularity()
-            self._history.append(load)
+            self._remember(self._epoch, load)
             steps = self._epoch * self.cfg.epoch_steps
             if self.cfg.enabled and steps % self.cfg.interval_steps == 0:
                 self._rearrange()
                 self.last_rearrangement_step = steps
             self._b = self._placement.balancedness(load)
         return self._b
+
+    def _next_rearrangement(self, epoch: int) -> int:
+        """The first epoch at or after `epoch` (and after epoch 0) that rearranges."""
+        p = self._period
+        return max(p, -(-epoch // p) * p)
+
+    def _remember(self, epoch: int, load: np.ndarray) -> None:
+        """Keep `load` if the next rearrangement's window holds `epoch`, and forget what
+        falls out of that window. The window is the last `window_steps // epoch_steps`
+        epochs up to the rearrangement, so what is kept at a rearrangement is exactly those
+        epochs' loads in order; keeping every epoch's (10 arrays of layers x experts per
+        state) made the state's memory, and its cache misses in a fleet, 10 times larger."""
+        if not self._period:  # no rearrangement ever reads it
+            return
+        first = self._next_rearrangement(epoch) - self._window_epochs + 1
+        history = self._history
+        while history and history[0][0] < first:
+            history.popleft()
+        if epoch >= first:
+            history.append((epoch, load))
 
     def _drift(self) -> None:
         c = self.cfg
@@ -205,7 +231,7 @@ class EplbState:
 
     def _rearrange(self) -> None:
         c = self.cfg
-        window = np.mean(np.stack(list(self._history)), axis=0)
+        window = np.mean(np.stack([load for _, load in self._history]), axis=0)
         eos, ros = balanced_placement(window, c.ranks, c.redundant)
         # Weights a rank must receive: slots whose expert or rank changed.
         old = self._placement

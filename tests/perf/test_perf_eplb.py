@@ -91,3 +91,48 @@ def test_no_redundancy_bound(seed: int, ranks: int, sigma: float) -> None:
                           contiguous_placement(3, 128, ranks), ranks)
     eos, ros = balanced_placement(load, ranks)
     assert _balancedness(load, eos, ros, ranks) <= k * off + 1e-12
+
+
+class _KeepsEveryEpoch(EplbState):
+    """Reference: remembers every epoch's load (the last `window_steps // epoch_steps`)."""
+
+    def _remember(self, epoch: int, load: np.ndarray) -> None:
+        self._history.append((epoch, load))
+        while len(self._history) > self._window_epochs:
+            self._history.popleft()
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 1000), epoch_steps=st.sampled_from([1, 7, 50, 100]),
+       interval=st.integers(1, 40), window=st.integers(1, 40))
+def test_history_kept_only_for_rearrangements(seed: int, epoch_steps: int, interval: int,
+                                              window: int) -> None:
+    """Keeping only the epochs a rearrangement averages gives the placements and
+    balancedness of keeping every epoch (windows shorter than, equal to and longer than the
+    interval; intervals that are not multiples of the epoch), and holds at most one window."""
+    cfg = EplbConfig(layers=2, experts=16, ranks=4, sigma=1.0, sigma_group=0.5, groups=4,
+                     drift_steps=20 * epoch_steps, interval_steps=interval * epoch_steps // 3
+                     or 1, window_steps=window * epoch_steps // 2 or 1, epoch_steps=epoch_steps)
+    lean, every = EplbState(cfg, seed=seed), _KeepsEveryEpoch(cfg, seed=seed)
+    for step in range(0, 120 * epoch_steps, 3 * epoch_steps):
+        assert lean.advance(step) == every.advance(step)
+        assert np.array_equal(lean._placement.rank_of_slot, every._placement.rank_of_slot)
+        assert len(lean._history) <= lean._window_epochs
+    assert lean.rearrangements == every.rearrangements
+
+
+def test_history_empty_between_windows() -> None:
+    """Interval 3000, window 1000, epoch 100 (the reference): the loads of epochs 1-20 after
+    a rearrangement are not kept; 21-30 are, and averaged at epoch 30."""
+    cfg = EplbConfig(layers=2, experts=16, ranks=4, sigma=1.0, drift_steps=3000,
+                     interval_steps=3000, window_steps=1000, epoch_steps=100)
+    state = EplbState(cfg, seed=3)
+    state.advance(2000)
+    assert not state._history
+    state.advance(2500)
+    assert [e for e, _ in state._history] == [21, 22, 23, 24, 25]
+    state.advance(3000)
+    assert [e for e, _ in state._history] == list(range(21, 31))
+    assert state.rearrangements == 1
+    state.advance(3100)
+    assert not state._history
