@@ -43,7 +43,7 @@ def _run(tree: DictConfig) -> float | None:
         return None
     try:
         cfg = load_run_config(tree)
-        result = simulate_to(cfg, out)
+        result = simulate_to(cfg, out, plots=cfg.plots)
     except InputError as err:
         print(f"racksim: {err}", file=sys.stderr)
         sys.exit(err.exit_code)

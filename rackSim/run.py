@@ -22,10 +22,9 @@ import pandas as pd
 
 from rackSim.config.specs import DeploymentSpec, RunConfig
 from rackSim.engine.simulation import Simulation
-from rackSim.metrics.summary import FleetLayout, Result, summarize
+from rackSim.metrics.summary import FleetLayout, Result, summarize, window_steps
 from rackSim.perf.step import COMPONENTS
 from rackSim.report.files import write_result
-from rackSim.report.plots import plot_run
 from rackSim.workload.graph import SessionGraph
 from rackSim.workload.sources import load_sessions
 
@@ -53,7 +52,7 @@ def layout_name(dep: DeploymentSpec) -> str:
 
 def decode_breakdown_ms(steps: pd.DataFrame, t0: float) -> dict[str, float]:
     """Mean decode step time and its components over the window, as `decode_<part>_ms`."""
-    dec = steps[steps["instance"].str.startswith("decode") & (steps["start_s"] >= t0)]
+    dec = window_steps(steps, t0, "decode")
     cols = {"decode_step_ms": "duration_ms", **{f"decode_{c}_ms": f"{c}_ms" for c in COMPONENTS}}
     return {k: float(dec[c].mean()) if len(dec) else math.nan for k, c in cols.items()}
 
@@ -84,12 +83,15 @@ def simulate(cfg: RunConfig, sessions: list[SessionGraph] | None = None,
 
 def simulate_to(cfg: RunConfig, out_dir: Path, plots: bool = True,
                 progress: bool | None = None) -> Result:
-    """Simulate and write every artefact (tables, summary, plots) into `out_dir`."""
+    """Simulate and write every artefact (tables, summary, plots) into `out_dir`. matplotlib
+    is imported only when plots are drawn (0.4 s of a sweep job's or a notebook's start)."""
     result = simulate(cfg, progress=progress)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "scenario.json").write_text(cfg.model_dump_json(indent=2))
     write_result(result, out_dir)
     if plots:
+        from rackSim.report.plots import plot_run
+
         plot_run(result, out_dir)
     return result
 

@@ -585,6 +585,9 @@ class RunConfig(StrictModel):
     trace_tokens: bool = Field(
         default=False, description="record every emission time per request (small runs only)")
     progress: bool = True
+    plots: bool = Field(
+        default=True, description="draw the run's figures (throughput, latency, decode "
+        "breakdown PNGs); false skips them and matplotlib")
 
     @model_validator(mode="after")
     def _cross_field(self) -> RunConfig:

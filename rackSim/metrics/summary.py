@@ -96,6 +96,13 @@ def steps_frame(rows: list[tuple] | StepLog) -> pd.DataFrame:
     return pd.DataFrame.from_records(rows, columns=list(STEP_COLUMNS))
 
 
+def window_steps(steps: pd.DataFrame, t0: float, role: str) -> pd.DataFrame:
+    """The steps started from `t0` (the window's start, s) of the instances of `role`
+    ("decode", "prefill" or "colocated": named `role` or `role-<n>`)."""
+    name = steps["instance"]
+    return steps[((name == role) | name.str.startswith(role + "-")) & (steps["start_s"] >= t0)]
+
+
 def itl_from_token_times(records: Records, t0: float, t1: float
                          ) -> LatencyHistogram:
     """ITL histogram from recorded token arrival times (measured runs)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -10,8 +11,9 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 
-from rackSim.metrics.summary import Result  # noqa: E402
+from rackSim.metrics.summary import Result, window_steps  # noqa: E402
 from rackSim.perf.step import COMPONENTS  # noqa: E402
 
 PERCENTILE_STYLES = ((50, "-"), (90, "--"), (99, ":"))
@@ -78,21 +80,52 @@ def plot_latency(result: Result, path: Path) -> Path:
     return save_figure(fig, path)
 
 
+#: instances drawn one bar each; past this many, the mean and the slowest and fastest
+BREAKDOWN_BARS = 12
+
+
+def decode_breakdown_bars(steps: pd.DataFrame, t0: float) -> tuple[str, pd.DataFrame]:
+    """The bars of the decode breakdown figure: (title, mean ms by component per bar).
+
+    Over the window's steps (from `t0`, s) of the decode instances, or of the colocated ones
+    when there are none (their steps mix prefill chunks in). One bar per instance; a fleet of
+    more than BREAKDOWN_BARS instances gets three: the mean over all their steps, the
+    instance with the longest mean step and the one with the shortest."""
+    title = "Decode step breakdown over the window"
+    rows = window_steps(steps, t0, "decode")
+    if rows.empty:
+        rows = window_steps(steps, t0, "colocated")
+        title = "Step breakdown over the window (colocated: prefill chunks mixed in)"
+    cols = [f"{c}_ms" for c in COMPONENTS]
+    per = rows.groupby("instance", sort=False)[cols].mean()
+    per = per.loc[sorted(per.index, key=lambda n: (len(n), n))]  # decode-2 before decode-10
+    per.columns = list(COMPONENTS)
+    if len(per) > BREAKDOWN_BARS:
+        total = per.sum(axis=1)
+        slow, fast = total.idxmax(), total.idxmin()
+        per = pd.DataFrame([rows[cols].mean().to_numpy(), per.loc[slow].to_numpy(),
+                            per.loc[fast].to_numpy()],
+                           index=[f"all {len(per)}", f"slowest {slow}", f"fastest {fast}"],
+                           columns=list(COMPONENTS))
+    return title, per
+
+
 def plot_decode_breakdown(result: Result, path: Path) -> Path:
-    """Mean decode step time by component over the window."""
-    s = result.steps
-    dec = s[s["instance"] == "decode"]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if not dec.empty:
-        means = [dec[f"{c}_ms"].mean() for c in COMPONENTS]
-        left = 0.0
-        for c, v in zip(COMPONENTS, means, strict=True):
-            ax.barh([0], [v], left=left, label=c)
-            left += v
-        ax.set_yticks([])
-        ax.legend(ncol=5, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2))
-    ax.set_xlabel("mean decode step time (ms)")
-    ax.set_title("Decode step breakdown")
+    """Mean decode step time by component over the window, one bar per decode instance."""
+    t0 = result.summary.get("window_start_s")
+    title, bars = decode_breakdown_bars(result.steps, -math.inf if t0 is None else t0)
+    fig, ax = plt.subplots(figsize=(7, 2.5 + 0.35 * len(bars)))
+    if not bars.empty:
+        y = np.arange(len(bars))
+        left = np.zeros(len(bars))
+        for c in COMPONENTS:
+            ax.barh(y, bars[c], left=left, label=c)
+            left += bars[c].to_numpy()
+        ax.set_yticks(y, bars.index)
+        ax.invert_yaxis()
+        ax.legend(ncol=5, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    ax.set_xlabel("mean step time (ms)")
+    ax.set_title(title)
     return save_figure(fig, path)
 
 

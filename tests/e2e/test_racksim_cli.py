@@ -123,3 +123,12 @@ def test_ctrl_c_writes_partial_results(tmp_path):
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["partial"] is True
     assert (tmp_path / "run" / "PARTIAL").exists()
+
+
+def test_plots_false_writes_the_tables_and_no_figure(tmp_path):
+    p = subprocess.run([*CMD, f"hydra.run.dir={tmp_path}", "experiment=smoke", "progress=false",
+                        "plots=false", "workload.replay.window_s=10"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "summary.json").is_file() and (tmp_path / "steps.parquet").is_file()
+    assert not list(tmp_path.glob("*.png"))

@@ -1,0 +1,58 @@
+"""The run's decode breakdown figure: which steps, which bars."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from rackSim.metrics.histogram import LatencyHistogram
+from rackSim.metrics.records import STEP_COLUMNS
+from rackSim.metrics.summary import Result
+from rackSim.perf.step import COMPONENTS
+from rackSim.report.plots import BREAKDOWN_BARS, decode_breakdown_bars, plot_decode_breakdown
+
+
+def _steps(rows: list[tuple[str, float, float]]) -> pd.DataFrame:
+    """Steps (instance, start s, moe ms); every other component 1 ms."""
+    out = []
+    for name, start, moe in rows:
+        row = dict.fromkeys(STEP_COLUMNS, 0.0)
+        row.update({f"{c}_ms": 1.0 for c in COMPONENTS}, instance=name, start_s=start,
+                   moe_ms=moe)
+        out.append(row)
+    return pd.DataFrame(out, columns=list(STEP_COLUMNS))
+
+
+def test_one_bar_per_decode_instance_over_the_window() -> None:
+    """Before the window (t0 = 10 s) and prefill steps are left out; decode-2 sorts before
+    decode-10; each bar is its instance's mean per component."""
+    steps = _steps([("decode-10", 11.0, 4.0), ("decode-2", 5.0, 100.0), ("decode-2", 12.0, 2.0),
+                    ("decode-2", 13.0, 4.0), ("prefill-0", 12.0, 50.0),
+                    ("decoder", 12.0, 9.0)])
+    title, bars = decode_breakdown_bars(steps, 10.0)
+    assert title.startswith("Decode step breakdown")
+    assert list(bars.index) == ["decode-2", "decode-10"]
+    assert bars.loc["decode-2", "moe"] == pytest.approx(3.0)
+    assert bars.loc["decode-10", "moe"] == pytest.approx(4.0)
+    assert bars.loc["decode-2", "sync"] == pytest.approx(1.0)
+
+
+def test_a_large_fleet_gets_the_mean_the_slowest_and_the_fastest() -> None:
+    n = BREAKDOWN_BARS + 2
+    steps = _steps([(f"decode-{j}", 1.0, float(j)) for j in range(n)]
+                   + [("decode-3", 2.0, 3.0)])
+    _, bars = decode_breakdown_bars(steps, 0.0)
+    assert list(bars.index) == [f"all {n}", f"slowest decode-{n - 1}", "fastest decode-0"]
+    # the mean is over all steps: (0 + 1 + ... + (n-1) + 3) / (n + 1)
+    assert bars.iloc[0]["moe"] == pytest.approx((n * (n - 1) / 2 + 3) / (n + 1))
+    assert bars.iloc[1]["moe"] == n - 1 and bars.iloc[2]["moe"] == 0
+
+
+def test_colocated_instances_when_there_is_no_decode_instance(tmp_path) -> None:
+    steps = _steps([("colocated-0", 1.0, 2.0), ("colocated-1", 1.0, 3.0)])
+    title, bars = decode_breakdown_bars(steps, 0.0)
+    assert "colocated" in title and list(bars.index) == ["colocated-0", "colocated-1"]
+    result = Result({"window_start_s": 0.0}, pd.DataFrame(), steps, pd.DataFrame(),
+                    LatencyHistogram())
+    path = plot_decode_breakdown(result, tmp_path / "b.png")
+    assert path.stat().st_size > 10_000
