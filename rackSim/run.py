@@ -50,6 +50,14 @@ def layout_name(dep: DeploymentSpec) -> str:
     return " + ".join(labels)
 
 
+def decode_width(dep: DeploymentSpec) -> int:
+    """GPUs per instance of the instances that decode in the first rack group: its decode
+    instances', or its colocated instances' when it serves colocated (what a width sweep
+    varies; the unused decode section of a colocated layout says nothing)."""
+    g = dep.rack_groups[0]
+    return g.colocated.gpus if g.colocated_instances else g.decode.gpus
+
+
 def decode_breakdown_ms(steps: pd.DataFrame, t0: float) -> dict[str, float]:
     """Mean decode step time and its components over the window, as `decode_<part>_ms`."""
     dec = window_steps(steps, t0, "decode")
@@ -67,7 +75,7 @@ def simulate(cfg: RunConfig, sessions: list[SessionGraph] | None = None,
     extra = {
         "scenario": f"{cfg.deployment.name} | {cfg.model.name} | {cfg.hardware.name}",
         "deployment": cfg.deployment.name, "concurrency": cfg.workload.replay.concurrency,
-        "layout": layout_name(cfg.deployment), "decode_gpus": cfg.deployment.decode.gpus,
+        "layout": layout_name(cfg.deployment), "decode_gpus": decode_width(cfg.deployment),
         "prefill_instances": cfg.deployment.prefill.instances,
         "partial": out.partial, "sim_s": out.sim_s, "wall_s": out.wall_s, "events": out.events,
         "kv_bytes_moved": out.kv_bytes_moved, "kv_bytes_cross_rack": out.kv_bytes_cross_rack,

@@ -21,7 +21,7 @@ from rackSim.config import with_changes
 from rackSim.metrics.summary import FleetLayout, summarize
 from rackSim.perf import build_step_model
 from rackSim.perf.step import DecodeBatch, PrefillBatch
-from rackSim.run import layout_name, simulate
+from rackSim.run import decode_width, layout_name, simulate
 
 COLOCATED = {"instances": 1, "gpus": 4, "parallelism": "DEP", "max_num_batched_tokens": 4096,
              "max_num_seqs_per_rank": 8,
@@ -135,6 +135,18 @@ def test_colocated_and_disaggregated_both_conserve_tokens(smoke_cfg):
         results[name] = res.summary
     assert results["colocated"]["itl_p90_ms"] > results["disaggregated"]["itl_p90_ms"]
     assert layout_name(col.deployment) == "C2xDEP4"
+    assert results["colocated"]["decode_gpus"] == decode_width(col.deployment) == 4
+
+
+def test_decode_width_of_a_colocated_layout_is_its_instances(smoke_cfg):
+    """The summary's decode_gpus is the width of the instances that decode: a colocated
+    layout's, not the unused decode section's (4 in the smoke scenario)."""
+    col = _colocated(smoke_cfg, {"racks": 1, "instances": 2, "width": (2, "DEP"),
+                                 "budget": 4096, "max_seqs": 8, "router": "prefix_affinity",
+                                 "fleet_policy": "session_affinity", "concurrency": 8,
+                                 "sessions": 6, "primer": True, "seed": 0})
+    assert col.deployment.decode.gpus == 4 and decode_width(col.deployment) == 2
+    assert decode_width(smoke_cfg.deployment) == 4
 
 
 # -- the mixed step -------------------------------------------------------------------------------
