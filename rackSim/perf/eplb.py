@@ -211,8 +211,8 @@ class EplbState:
         """Keep `load` if the next rearrangement's window holds `epoch`, and forget what
         falls out of that window. The window is the last `window_steps // epoch_steps`
         epochs up to the rearrangement, so what is kept at a rearrangement is exactly those
-        epochs' loads in order; keeping every epoch's (10 arrays of layers x experts per
-        state) made the state's memory, and its cache misses in a fleet, 10 times larger."""
+        epochs' loads in order, and between windows nothing is held (keeping the last
+        window's at every moment held 10 arrays of layers x experts per state)."""
         if not self._period:  # no rearrangement ever reads it
             return
         first = self._next_rearrangement(epoch) - self._window_epochs + 1
