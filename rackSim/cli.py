@@ -70,9 +70,10 @@ def run() -> None:
 def _plan(tree: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from rackSim.plan.command import run_plan, write_plan
+    from rackSim.plan.command import run_plan, shown_rows, write_plan
     from rackSim.plan.confirm import ConfirmError
     from rackSim.plan.inputs import PlanError, load_plan_inputs
+    from rackSim.report.plan_table import format_plan, plan_table
 
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)
@@ -87,6 +88,7 @@ def _plan(tree: DictConfig) -> None:
         print(f"racksim-plan: {err}", file=sys.stderr)
         sys.exit(1)
     page = write_plan(result, inputs, out)
+    print(format_plan(plan_table(shown_rows(result))))
     print(f"racksim-plan: {page}", file=sys.stderr)
 
 

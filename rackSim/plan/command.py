@@ -116,16 +116,21 @@ def _status(row: pd.Series, i: int) -> str:
     return f"plan {i}: screen only"
 
 
+def shown_rows(result: PlanResult) -> pd.DataFrame:
+    """The plans, then the confirmed candidates not chosen, each with its `status`."""
+    plans = result.plans.copy()
+    plans.insert(0, "status", [_status(r, i + 1) for i, (_, r) in enumerate(plans.iterrows())])
+    if not len(result.confirmed):
+        return plans
+    extra = result.confirmed[~result.confirmed.index.isin(plans.index)].copy()
+    extra.insert(0, "status", "confirmed, not chosen")
+    return pd.concat([plans, extra])
+
+
 def write_plan(result: PlanResult, inputs: PlanInputs, out_dir: Path) -> Path:
     """Write the tables, figures and page of `result` into `out_dir`; returns the page."""
     plan = inputs.plan
-    plans = result.plans.copy()
-    plans.insert(0, "status", [_status(r, i + 1) for i, (_, r) in enumerate(plans.iterrows())])
-    shown = plans
-    if len(result.confirmed):
-        extra = result.confirmed[~result.confirmed.index.isin(plans.index)].copy()
-        extra.insert(0, "status", "confirmed, not chosen")
-        shown = pd.concat([plans, extra])
+    shown = shown_rows(result)
     table = plan_table(shown)
     write_plan_tables(out_dir, {"plan": table, "candidates": result.screened,
                                 "families": result.families})

@@ -59,3 +59,30 @@ def write_plan_tables(out_dir: Path, tables: dict[str, pd.DataFrame]) -> list[Pa
             write(path, index=False)
             paths.append(path)
     return paths
+
+
+def _pick(row: pd.Series, des: str, screen: str) -> float:
+    """The simulated value where the row was confirmed, else the screen's."""
+    v = row.get(des)
+    return float(v) if v is not None and v == v else float(row.get(screen, float("nan")))
+
+
+def format_plan(table: pd.DataFrame) -> str:
+    """The plan table (`plan_table`) for the terminal: one line per row, simulated numbers
+    where the row was confirmed (screen otherwise), and what a row misses."""
+    head = (f"{'status':<22} {'hardware':<13} {'racks':>5}  {'layout per rack':<22} "
+            f"{'tok/s/GPU':>10} {'tok/s/user':>10} {'TTFT P90':>9} {'$/Mtok':>8}")
+    lines = [head]
+    for _, r in table.iterrows():
+        ttft = _pick(r, "TTFT P90 ms (DES)", "TTFT P90 ms (screen)") / 1e3
+        lines.append(
+            f"{r['status']:<22} {r['hardware']:<13} {r['racks']:>5}  "
+            f"{r['layout per rack']:<22} "
+            f"{_pick(r, 'tok/s/GPU (DES)', 'tok/s/GPU (screen)'):>10,.0f} "
+            f"{_pick(r, 'P90 tok/s/user (DES)', 'P90 tok/s/user (screen)'):>10,.1f} "
+            f"{ttft:>8.2f}s {r['cost $/Mtok']:>8.4f}")
+        missed = [str(r.get(c)) for c in ("misses in DES", "misses")
+                  if isinstance(r.get(c), str) and r.get(c)]
+        if missed:
+            lines.append(f"{'':<22} misses: {missed[0]}")
+    return "\n".join(lines)

@@ -13,6 +13,7 @@ import pytest
 
 from rackSim.plan.command import run_plan, write_plan
 from rackSim.plan.confirm import candidate_config, run_confirmation
+from rackSim.report.plan_table import format_plan
 
 
 @pytest.mark.slow
@@ -56,6 +57,11 @@ def test_small_plan_is_confirmed_by_the_simulation(small_inputs, tmp_path):
     table = pd.read_parquet(tmp_path / "plan.parquet")
     assert table["status"].iloc[0] == "plan 1: confirmed"
     assert table["TTFT P90 ms (DES)"].iloc[0] == pytest.approx(best["des_ttft_p90_ms"])
+    # the terminal shows the simulated numbers of a confirmed plan, not the screen's
+    first = format_plan(table).splitlines()[1]
+    assert first.startswith("plan 1: confirmed")
+    assert f"{best['des_throughput_tok_s_gpu']:,.0f}" in first
+    assert f"{best['des_ttft_p90_ms'] / 1e3:.2f}s" in first
 
     # resume: the same candidates again are skipped, their records untouched
     before = {p: p.read_text() for p in (tmp_path / "confirm").glob("*/job.json")}

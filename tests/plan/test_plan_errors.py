@@ -12,6 +12,7 @@ from plan_support import SMALL, compose_plan, compose_tree
 
 from rackSim.plan.command import run_plan, scenario_overrides, write_plan
 from rackSim.plan.inputs import PlanError
+from rackSim.report.plan_table import format_plan
 
 
 @pytest.mark.parametrize("override, field, says", [
@@ -71,6 +72,11 @@ def test_unservable_demand_gets_the_best_found_and_the_missed_slo(tmp_path):
     table = pd.read_csv(tmp_path / "plan.csv")
     assert table["status"].iloc[0] == "best found: misses"
     assert table["misses"].iloc[0].startswith(best["verdict"][:20])
+    # the terminal says the same: the best found, its screened numbers, and what it misses
+    lines = format_plan(table).splitlines()
+    assert lines[1].startswith("best found: misses")
+    assert f"{best['throughput_tok_s_gpu']:,.0f}" in lines[1]
+    assert lines[2].split() == ["misses:", *best["verdict"].split()]
 
 
 def test_budget_limit_is_a_reason(tmp_path):
