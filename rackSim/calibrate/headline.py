@@ -36,9 +36,6 @@ import pandas as pd
 
 from rackSim.calibrate.figures import FIGURES_CSV
 
-#: figure ids the arithmetic reads
-HEADLINE_IDS = ("H1", "H2", "H3", "H4", "$1", "$2", "$3", "M7", "P7")
-
 
 class HeadlineError(ValueError):
     """A figure table that the arithmetic cannot use; the message names the figure."""

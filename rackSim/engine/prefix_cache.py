@@ -101,12 +101,6 @@ class BlockCache:
                     lru[node] = None
         return evicted
 
-    def touch(self, path: PromptPath) -> None:
-        lru = self._lru
-        for node, _ in reversed(path):
-            if node in lru:
-                lru.move_to_end(node)
-
     def _evict(self, blocks: int, keep: set[int]) -> list[tuple[int, int]]:
         victims = []
         freed = 0

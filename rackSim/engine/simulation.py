@@ -106,9 +106,8 @@ class Simulation:
         self.router = FleetRouter(d.fleet_router, fleet.racks, fleet.decodes)
         replay = cfg.workload.replay
         if cfg.workload.timestamped:
-            ol = cfg.workload.open_loop
-            schedule = OpenLoopSchedule(sessions, ol.speedup, ol.offset_s,
-                                        replay.warmup_s + replay.window_s)
+            schedule = OpenLoopSchedule.from_spec(sessions, cfg.workload.open_loop,
+                                                  replay.warmup_s + replay.window_s)
             self.phases = OpenLoopPhases(replay)
             self.clients = TraceClients(env, schedule, self.phases, self._submit, self.records)
         else:

@@ -128,10 +128,6 @@ class StragglerModel:
         point (default: the full `lag_ms`)."""
         return self._step_moments(self.lag_ms if lag_ms is None else lag_ms)[0]
 
-    def sample_ms(self, lag_ms: float | None = None) -> float:
-        """One step's straggler delay (ms), never negative."""
-        return self.draw(lag_ms)[1]
-
     def draw(self, lag_ms: float | None = None) -> tuple[float, float]:
         """(expected, sampled) straggler delay of one step (ms), from one moments lookup."""
         mean, std = self._step_moments(self.lag_ms if lag_ms is None else lag_ms)

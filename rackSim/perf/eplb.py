@@ -158,7 +158,6 @@ class EplbState:
         self._epoch = 0
         self.rearrangements = 0
         self.last_rearrangement_step = -1
-        self.last_rebalance_ms = 0.0
         self.last_moved_bytes = 0.0
         load = self.popularity()
         self._remember(0, load)

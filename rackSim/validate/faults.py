@@ -16,8 +16,6 @@ from dataclasses import dataclass
 
 import httpx
 
-KINDS = ("connect", "reset", "timeout", "http", "truncated", "protocol")
-
 
 @dataclass(frozen=True)
 class ErrorPolicy:

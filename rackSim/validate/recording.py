@@ -19,9 +19,6 @@ from typing import IO
 from rackSim.metrics.records import RequestRecord
 
 _FIELDS = {f.name for f in fields(RequestRecord)}
-DRIVER_FIELDS = ("key", "endpoint")
-
-
 def _clean(v: object) -> object:
     if isinstance(v, float) and math.isnan(v):
         return None
@@ -59,14 +56,12 @@ class RecordWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._f: IO[str] = path.open("a", encoding="utf-8")
         self._fsync = fsync
-        self.written = 0
 
     def write(self, rec: RequestRecord, key: str, endpoint: str) -> None:
         self._f.write(record_line(rec, key, endpoint) + "\n")
         self._f.flush()
         if self._fsync:
             os.fsync(self._f.fileno())
-        self.written += 1
 
     def close(self) -> None:
         self._f.close()
