@@ -139,6 +139,30 @@ def read_table(path: Path | str) -> tuple[pd.DataFrame, Path]:
     return df, path.parent
 
 
+#: (column, header, format) of the terminal table's metrics
+_SHOWN = (("throughput_tok_s_gpu", "tok/s/GPU", "{:,.0f}"),
+          ("interactivity_tok_s", "tok/s/user", "{:,.1f}"),
+          ("ttft_p90_ms", "TTFT P90 ms", "{:,.0f}"),
+          ("margin_usd_gpu_h", "margin $/GPU-h", "{:.2f}"))
+
+
+def format_sweep(df: pd.DataFrame, limit: int = 20) -> str:
+    """The sweep table for the terminal: the keys that vary between scenarios (all of them
+    when none does), status, layout and the headline metrics, `limit` rows at most."""
+    keys = list(df.columns[:list(df.columns).index("status")])
+    varied = [k for k in keys if df[k].astype(str).nunique() > 1] or keys
+    cols = [*varied, "status", "layout"]
+    text = df[cols].astype(object).where(df[cols].notna(), "").astype(str)
+    for col, head, fmt in _SHOWN:
+        if col in df.columns:
+            text[head] = [fmt.format(v) if isinstance(v, int | float) and v == v else ""
+                          for v in df[col]]
+    shown = text.head(limit).to_string(index=False)
+    if len(df) > limit:
+        shown += f"\n... {len(df) - limit} more scenarios in the table"
+    return shown
+
+
 class SweepTableCallback(Callback):
     """Hydra callback: write the sweep table when a multirun ends."""
 
@@ -151,4 +175,5 @@ class SweepTableCallback(Callback):
             return
         df = pd.read_parquet(pq)
         failed = int((df["status"] != "ok").sum())
+        print(format_sweep(df))
         print(f"racksim: sweep table {pq} and {csv.name}: {len(df)} scenarios, {failed} failed")

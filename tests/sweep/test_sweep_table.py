@@ -12,7 +12,7 @@ from sweep_support import AXES, run_sweep
 
 from rackSim.metrics.summary import SUMMARY_KEYS
 from rackSim.report.command import main as plot_main
-from rackSim.report.sweep_table import build_table, parse_overrides
+from rackSim.report.sweep_table import build_table, format_sweep, parse_overrides
 
 
 def _stamps(sweep_dir):
@@ -72,6 +72,31 @@ def test_failed_scenarios_are_listed_with_their_error(joblib_sweep):
         err = json.loads((sweep_dir / row["job_dir"] / "error.json").read_text())
         assert err["error_type"] == "ConfigError" and "deployment.decode.gpus=5" in err["error"]
         assert not (sweep_dir / row["job_dir"] / "summary.json").exists()
+
+
+def test_the_sweep_prints_its_table(joblib_sweep):
+    """The multirun ends with the table in the terminal: the swept keys (not the fixed
+    ones), status, layout and the headline metrics of each scenario."""
+    sweep_dir, proc = joblib_sweep
+    table = pd.read_parquet(sweep_dir / "sweep.parquet")
+    lines = proc.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines)
+                if line.split()[:2] == ["deployment.decode.gpus", "workload.replay.concurrency"])
+    assert "experiment" not in lines[head] and "tok/s/GPU" in lines[head]
+    shown = lines[head + 1:head + 1 + len(table)]
+    for line, (_, row) in zip(shown, table.iterrows(), strict=True):
+        cells = line.split()
+        assert cells[:3] == [str(row["deployment.decode.gpus"]),
+                             str(row["workload.replay.concurrency"]), row["status"]]
+        if row["status"] == "ok":
+            assert f"{row['throughput_tok_s_gpu']:,.0f}" in cells
+            assert f"{row['margin_usd_gpu_h']:.2f}" in cells
+
+
+def test_a_long_sweep_prints_its_first_rows(joblib_sweep):
+    table = pd.read_parquet(joblib_sweep[0] / "sweep.parquet")
+    text = format_sweep(table, limit=2).splitlines()
+    assert len(text) == 4 and text[-1] == "... 4 more scenarios in the table"
 
 
 def test_resume_skips_finished_scenarios_and_retries_failed(joblib_sweep, tmp_path):
