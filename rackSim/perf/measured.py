@@ -6,7 +6,11 @@ engine step, which mixes prefill chunks and decode tokens:
     step_ms = const_ms + per_prefill_token_ms * prefill_tokens
               + per_prefill_request_ms * prefill_requests
               + per_decode_request_ms * decode_requests + per_context_token_ms * context_tokens
-              + overhead_ms
+              + overhead_ms + overhead_per_request_ms * (prefill_requests + decode_requests)
+
+The last two terms are the engine's host-side time between steps (scheduling, handing the
+outputs to the API server), which the iteration log does not time: a constant per step and a
+part per request in the step.
 
 `api_overhead_ms` is a fixed per-request delay before a request reaches the scheduler, of
 which `intake_ms` passes before the server stamps the request's arrival (HTTP, tokenising:
@@ -36,7 +40,7 @@ front-end's delays as fitted.
 `build_step_model` dispatches `cfg.perf.model == "measured"` here:
 `MeasuredStepModel(cfg, role=role, seed=seed)` reads `cfg.perf.profile`; a colocated instance
 (`rackSim.engine.colocated`) prices vLLM's mixed steps with `mixed_step`. The profile has no
-per-operator split, so the breakdown is coarse: the constant and per-step overhead go to
+per-operator split, so the breakdown is coarse: the constant and the between-steps time go to
 `cpu`, the per-token and per-request terms to `dense`, the context term to `attention`.
 """
 
@@ -75,6 +79,7 @@ class Profile:
 
     coeffs: dict[str, float]
     overhead_ms: float = 0.0
+    overhead_per_request_ms: float = 0.0
     api_overhead_ms: float = 0.0
     intake_ms: float = 0.0
     output_ms: float = 0.0
@@ -92,7 +97,12 @@ class Profile:
         return (c["const_ms"] + c["per_prefill_token_ms"] * prefill_tokens
                 + c["per_prefill_request_ms"] * prefill_requests
                 + c["per_decode_request_ms"] * decode_requests
-                + c["per_context_token_ms"] * context_tokens + self.overhead_ms)
+                + c["per_context_token_ms"] * context_tokens
+                + self.between_steps_ms(prefill_requests + decode_requests))
+
+    def between_steps_ms(self, requests: float) -> float:
+        """The host-side time between two steps (ms) after a step with `requests` requests."""
+        return self.overhead_ms + self.overhead_per_request_ms * requests
 
     def ratios(self, steps: list[tuple]) -> dict[str, float]:
         """How long logged `steps` (rows in STEP_COLUMNS order) took against this profile, per
@@ -122,12 +132,14 @@ class Profile:
         pf = ("per_prefill_token_ms", "per_prefill_request_ms")
         return replace(self, coeffs={k: v * (prefill if k in pf else decode)
                                      for k, v in self.coeffs.items()},
-                       overhead_ms=self.overhead_ms * decode)
+                       overhead_ms=self.overhead_ms * decode,
+                       overhead_per_request_ms=self.overhead_per_request_ms * decode)
 
     def to_yaml(self, path: Path) -> Path:
         doc = {"format": PROFILE_FORMAT, "kind": "measured_step_time", "source": self.source,
                "step_ms": {k: float(self.coeffs[k]) for k in COEFFS},
                "overhead_ms": float(self.overhead_ms),
+               "overhead_per_request_ms": float(self.overhead_per_request_ms),
                "api_overhead_ms": float(self.api_overhead_ms),
                "intake_ms": float(self.intake_ms),
                "output_ms": float(self.output_ms),
@@ -165,7 +177,8 @@ class Profile:
             raise ProfileInputError(f"profile '{path}': step_ratios must map decode / prefill "
                                     "to positive numbers (median logged / fitted step time); "
                                     "refit it with `racksim-validate fit`")
-        front = {k: doc.get(k, 0.0) for k in ("api_overhead_ms", "intake_ms", "output_ms")}
+        front = {k: doc.get(k, 0.0) for k in ("api_overhead_ms", "intake_ms", "output_ms",
+                                              "overhead_per_request_ms")}
         bad = [k for k, v in front.items() if not (isinstance(v, int | float) and v >= 0)]
         if bad or front["intake_ms"] > front["api_overhead_ms"]:
             raise ProfileInputError(
@@ -177,6 +190,7 @@ class Profile:
                    overhead_ms=float(doc.get("overhead_ms", 0.0)),
                    api_overhead_ms=float(front["api_overhead_ms"]),
                    intake_ms=float(front["intake_ms"]), output_ms=float(front["output_ms"]),
+                   overhead_per_request_ms=float(front["overhead_per_request_ms"]),
                    server=ServerShape(**(doc.get("server") or {})),
                    source=str(doc.get("source", "")), provenance=doc.get("provenance") or {},
                    residuals=doc.get("residuals") or {},
@@ -217,7 +231,8 @@ class MeasuredStepModel:
               context_tokens: float) -> StepBreakdown:
         c, f = self.profile.coeffs, self._factor()
         return StepBreakdown(
-            cpu=c["const_ms"] * f + self.profile.overhead_ms,
+            cpu=c["const_ms"] * f
+            + self.profile.between_steps_ms(prefill_requests + decode_requests),
             dense=(c["per_prefill_token_ms"] * prefill_tokens
                    + c["per_prefill_request_ms"] * prefill_requests
                    + c["per_decode_request_ms"] * decode_requests) * f,

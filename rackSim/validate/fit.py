@@ -5,7 +5,7 @@ The profile prices one engine step (vLLM mixes prefill chunks and decode tokens 
     step_ms = const_ms + per_prefill_token_ms * prefill_tokens
               + per_prefill_request_ms * prefill_requests
               + per_decode_request_ms * decode_requests + per_context_token_ms * context_tokens
-              + overhead_ms
+              + overhead_ms + overhead_per_request_ms * (prefill_requests + decode_requests)
 
 and `api_overhead_ms` is a fixed per-request delay before a request reaches the scheduler
 (HTTP handling, request processing) that adds to its TTFT only.
@@ -13,8 +13,11 @@ and `api_overhead_ms` is a fixed per-request delay before a request reaches the 
 - From the iteration log (`fit_iteration_log`): ordinary regression of each step's logged
   elapsed time on its counts (the log has no context column, so per_context_token_ms = 0),
   and `step_jitter`, the quantiles of logged / fitted time over the run's steps.
-  The log times the model step only; `overhead_ms` (scheduling, output processing between
-  steps) and `api_overhead_ms` come from the driver records of the same run when given.
+  The log times the model step only; the time between steps (scheduling, output processing)
+  and `api_overhead_ms` come from the driver records of the same run when given: the busy
+  wall time the logged steps leave uncovered, per step, split into `overhead_ms` and
+  `overhead_per_request_ms` by the slope of the clients' token gaps on the requests decoding
+  (`_gap_slope`: the wall time a request adds to a step) less the log's own per-request term.
 - Black box (`fit_driver_records`): no step log (so no step jitter). Each request gives two
   equations: its end-to-end latency = its TTFT + (output - 1) steps priced at the mean batch
   seen over its decode span plus the prefill work other requests did meanwhile; its TTFT = the
@@ -89,9 +92,16 @@ def fit_iteration_log(steps: list[tuple], shape: ServerShape | None = None,
     extra: dict = {"steps": len(steps), "logged_step_ms_total": float(y.sum())}
     if records:
         busy = _busy_s(records)
-        prof.overhead_ms = max(0.0, (busy * 1e3 - float(y.sum())) / len(steps))
+        between = max(0.0, (busy * 1e3 - float(y.sum())) / len(steps))
+        slope, gaps = _gap_slope(records)
+        per_step = float((a[:, 1] + a[:, 2]).mean())  # requests in a step, on average
+        per_req = 0.0 if slope is None else max(0.0, slope - float(c[3]))
+        per_req = min(per_req, between / per_step) if per_step > 0 else 0.0
+        prof.overhead_per_request_ms = per_req
+        prof.overhead_ms = between - per_req * per_step
         prof.api_overhead_ms = _api_overhead(records, prof)
-        extra.update({"busy_s": busy, "records": len(records)})
+        extra.update({"busy_s": busy, "records": len(records), "between_steps_ms": between,
+                      "requests_per_step": per_step, "token_gaps": gaps})
     prof.provenance = _provenance("iteration_log", inputs or [], extra)
     return prof
 
@@ -115,6 +125,49 @@ def _busy_s(records: list[RequestRecord]) -> float:
     if cur_b is not None:
         total += cur_b - cur_a
     return total
+
+
+GAP_MIN_SAMPLES = 30  # token gaps at one decoding count for its median to count
+
+
+def _gap_slope(records: list[RequestRecord]) -> tuple[float | None, dict]:
+    """The wall time (ms) one more decoding request adds to a decode step, from the clients'
+    token gaps: each gap between two tokens of a request, taken when no other request was
+    between its send and its first token (no prompt in the step), is one step with the
+    requests decoding at its start; the medians per decoding count (those with at least
+    GAP_MIN_SAMPLES gaps) are fitted by a line weighted by the square root of their counts.
+    None when fewer than two counts have enough gaps. Also returns the medians."""
+    ok = _ok(records)
+    first = np.sort([r.first_token_s for r in ok])
+    finish = np.sort([r.finish_s for r in ok])
+    sends = np.sort([r.send_s for r in records if not math.isnan(r.first_token_s)])
+    firsts_all = np.sort([r.first_token_s for r in records if not math.isnan(r.first_token_s)])
+    times = [np.asarray(r.token_times_s) for r in ok if len(r.token_times_s) > 1]
+    if not times:
+        return None, {}
+    start = np.concatenate([t[:-1] for t in times])
+    end = np.concatenate([t[1:] for t in times])
+    gap = (end - start) * 1e3
+    decoding = (np.searchsorted(first, start, side="right")
+                - np.searchsorted(finish, start, side="right"))
+    # requests sent by the gap's end whose first token came after its start: a prompt may
+    # have been computed in that step
+    prompts = (np.searchsorted(sends, end, side="right")
+               - np.searchsorted(firsts_all, start, side="right"))
+    keep = prompts <= 0
+    counts, medians, sizes = [], [], []
+    for n in np.unique(decoding[keep]):
+        sel = keep & (decoding == n)
+        if n >= 1 and sel.sum() >= GAP_MIN_SAMPLES:
+            counts.append(int(n))
+            medians.append(float(np.median(gap[sel])))
+            sizes.append(int(sel.sum()))
+    out = {"decoding": counts, "median_gap_ms": medians, "gaps": sizes}
+    if len(counts) < 2:
+        return None, out
+    slope, _ = np.polyfit(counts, medians, 1, w=np.sqrt(sizes))
+    out["slope_ms_per_request"] = float(slope)
+    return float(slope), out
 
 
 def _api_overhead(records: list[RequestRecord], prof: Profile) -> float:

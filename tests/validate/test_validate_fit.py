@@ -125,6 +125,56 @@ def test_measured_step_model_arithmetic(tmp_path):
         MeasuredStepModel(SimpleNamespace(perf=SimpleNamespace(profile=None)))
 
 
+def test_the_time_between_steps_grows_with_the_requests_in_the_step(tmp_path):
+    """overhead_ms per step plus overhead_per_request_ms per prefill or decode request in it,
+    on the engine's side (scaled by the decode speed, kept by the profile file)."""
+    prof = Profile(coeffs=dict(TRUE), overhead_ms=1.0, overhead_per_request_ms=0.25)
+    model = MeasuredStepModel.from_profile(prof)
+    mixed = model.mixed_step(
+        PrefillBatch(new_tokens=100, attended_tokens=100, num_requests=2,
+                     admitted_prompt_tokens=100, ranks=1),
+        DecodeBatch(requests_per_rank=[3], context_tokens_per_rank=[0.0], tokens_per_request=1.0,
+                    draft_tokens=0, new_loads=0, admitted_prompt_tokens=0, step_index=0))
+    between = 1.0 + 0.25 * (2 + 3)
+    assert mixed.cpu == pytest.approx(2.0 + between)
+    assert mixed.total_ms == pytest.approx(2.0 + 0.02 * 100 + 3.0 * 2 + 0.4 * 3 + between)
+    assert prof.step_ms(100, 2, 3) == pytest.approx(mixed.total_ms)
+    assert prof.at_speed(2.0, 1.0).between_steps_ms(5) == pytest.approx(2 * between)
+    back = Profile.from_yaml(prof.to_yaml(tmp_path / "p.yaml"))
+    assert back.overhead_per_request_ms == 0.25
+    text = (tmp_path / "p.yaml").read_text()
+    (tmp_path / "neg.yaml").write_text(text.replace("overhead_per_request_ms: 0.25",
+                                                    "overhead_per_request_ms: -0.1"))
+    with pytest.raises(ValueError, match="overhead_per_request_ms must be a number >= 0"):
+        Profile.from_yaml(tmp_path / "neg.yaml")
+
+
+def test_the_log_fit_splits_the_time_between_steps_by_the_clients_token_gaps(tmp_path):
+    """A server whose engine spends 0.5 ms + 0.3 ms per request between the logged steps:
+    the log has the steps without it, the records' token gaps with it. The fit recovers the
+    per-request part from the gaps' slope on the requests decoding (0.4 + 0.3 ms per request)
+    less the log's own 0.4, and the constant from the busy time the logged steps leave; the
+    medians per decoding count are kept in the provenance."""
+    from validate_support import simulated_run_dir
+
+    from rackSim.validate.runs import fit_run
+
+    truth = Profile(coeffs=dict(TRUE), overhead_ms=0.5, overhead_per_request_ms=0.3,
+                    api_overhead_ms=10.0, server=ServerShape())
+    run = simulated_run_dir(tmp_path / "run", 6, 1, window_s=10.0, truth=truth,
+                            iteration_log=True)
+    prof = fit_run(run, "log", ServerShape())
+    assert prof.coeffs["per_decode_request_ms"] == pytest.approx(0.4, abs=0.02)
+    # the gaps at each decoding count are whole steps (the prefill steps left out), so the
+    # slope is exact; the constant is the busy time's, which also counts requests inside
+    # their 10 ms before the scheduler at an idle engine (measured 0.58-0.62 on seeds 1-3)
+    assert prof.overhead_per_request_ms == pytest.approx(0.3, abs=0.01)
+    assert prof.overhead_ms == pytest.approx(0.5, abs=0.15)
+    gaps = prof.provenance["token_gaps"]
+    assert gaps["decoding"][0] == 1 and len(gaps["decoding"]) >= 3
+    assert gaps["slope_ms_per_request"] == pytest.approx(0.7, abs=0.01)
+
+
 def test_blackbox_fit_recovers_simulated_server():
     """Records from the colocated model with a known profile -> black-box fit -> simulate
     again: the refit predicts the same TTFT P50 and throughput within 15 %."""
@@ -181,3 +231,21 @@ def test_delivery_gaps():
     # tokens delivered with the first token carry no gap
     assert delivery_gaps([0.0, 0.0001, 0.01]) == pytest.approx([9.9])
     assert delivery_gaps([1.0]).size == 0
+
+
+def test_one_lane_gives_no_slope_and_keeps_the_time_between_steps_whole(tmp_path):
+    """One lane decodes one request at a time: a single decoding count, no slope to read, so
+    no per-request part; the constant carries the whole time between steps."""
+    from validate_support import simulated_run_dir
+
+    from rackSim.validate.runs import fit_run
+
+    truth = Profile(coeffs=dict(TRUE), overhead_ms=0.5, overhead_per_request_ms=0.3,
+                    api_overhead_ms=10.0, server=ServerShape())
+    run = simulated_run_dir(tmp_path / "run", 1, 1, window_s=10.0, truth=truth,
+                            iteration_log=True)
+    prof = fit_run(run, "log", ServerShape())
+    gaps = prof.provenance["token_gaps"]
+    assert gaps["decoding"] == [1] and "slope_ms_per_request" not in gaps
+    assert prof.overhead_per_request_ms == 0.0
+    assert prof.overhead_ms == pytest.approx(prof.provenance["between_steps_ms"])

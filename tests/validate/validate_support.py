@@ -76,7 +76,8 @@ def simulated_run_dir(d: Path, concurrency: int, seed: int, window_s: float = 15
         path.write_text("".join(
             f"INFO Engine 000: Iteration({row[1]}): {row[4]} context requests, {row[5]} context "
             f"tokens, {row[6]} generation requests, {int(row[7])} generation tokens, iteration "
-            f"elapsed time: {row[3] - truth.overhead_ms:.3f} ms, CPU KV cache usage: 0.0%\n"
+            f"elapsed time: {row[3] - truth.between_steps_ms(row[4] + row[6]):.3f} ms, CPU KV "
+            "cache usage: 0.0%\n"
             for row in sim.steps))
         log = [{"path": str(path), "start_byte": 0, "end_byte": path.stat().st_size}]
     (d / "run.json").write_text(json.dumps({
