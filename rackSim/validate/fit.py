@@ -154,7 +154,7 @@ def _gap_slope(records: list[RequestRecord]) -> tuple[float | None, dict]:
     # have been computed in that step
     prompts = (np.searchsorted(sends, end, side="right")
                - np.searchsorted(firsts_all, start, side="right"))
-    keep = prompts <= 0
+    keep = prompts == 0
     counts, medians, sizes = [], [], []
     for n in np.unique(decoding[keep]):
         sel = keep & (decoding == n)
