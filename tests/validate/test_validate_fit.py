@@ -149,21 +149,27 @@ def test_the_time_between_steps_grows_with_the_requests_in_the_step(tmp_path):
         Profile.from_yaml(tmp_path / "neg.yaml")
 
 
-def test_the_log_fit_splits_the_time_between_steps_by_the_clients_token_gaps(tmp_path):
-    """A server whose engine spends 0.5 ms + 0.3 ms per request between the logged steps:
-    the log has the steps without it, the records' token gaps with it. The fit recovers the
-    per-request part from the gaps' slope on the requests decoding (0.4 + 0.3 ms per request)
-    less the log's own 0.4, and the constant from the busy time the logged steps leave; the
-    medians per decoding count are kept in the provenance."""
+def _fit_between_steps(tmp_path, lanes: int) -> Profile:
+    """The log fit of a run on `lanes` lanes of a server whose engine spends 0.5 ms + 0.3 ms
+    per request between the logged steps."""
     from validate_support import simulated_run_dir
 
     from rackSim.validate.runs import fit_run
 
     truth = Profile(coeffs=dict(TRUE), overhead_ms=0.5, overhead_per_request_ms=0.3,
                     api_overhead_ms=10.0, server=ServerShape())
-    run = simulated_run_dir(tmp_path / "run", 6, 1, window_s=10.0, truth=truth,
+    run = simulated_run_dir(tmp_path / "run", lanes, 1, window_s=10.0, truth=truth,
                             iteration_log=True)
-    prof = fit_run(run, "log", ServerShape())
+    return fit_run(run, "log", ServerShape())
+
+
+def test_the_log_fit_splits_the_time_between_steps_by_the_clients_token_gaps(tmp_path):
+    """A server whose engine spends 0.5 ms + 0.3 ms per request between the logged steps:
+    the log has the steps without it, the records' token gaps with it. The fit recovers the
+    per-request part from the gaps' slope on the requests decoding (0.4 + 0.3 ms per request)
+    less the log's own 0.4, and the constant from the busy time the logged steps leave; the
+    medians per decoding count are kept in the provenance."""
+    prof = _fit_between_steps(tmp_path, lanes=6)
     assert prof.coeffs["per_decode_request_ms"] == pytest.approx(0.4, abs=0.02)
     # the gaps at each decoding count are whole steps (the prefill steps left out), so the
     # slope is exact; the constant is the busy time's, which also counts requests inside
@@ -236,15 +242,7 @@ def test_delivery_gaps():
 def test_one_lane_gives_no_slope_and_keeps_the_time_between_steps_whole(tmp_path):
     """One lane decodes one request at a time: a single decoding count, no slope to read, so
     no per-request part; the constant carries the whole time between steps."""
-    from validate_support import simulated_run_dir
-
-    from rackSim.validate.runs import fit_run
-
-    truth = Profile(coeffs=dict(TRUE), overhead_ms=0.5, overhead_per_request_ms=0.3,
-                    api_overhead_ms=10.0, server=ServerShape())
-    run = simulated_run_dir(tmp_path / "run", 1, 1, window_s=10.0, truth=truth,
-                            iteration_log=True)
-    prof = fit_run(run, "log", ServerShape())
+    prof = _fit_between_steps(tmp_path, lanes=1)
     gaps = prof.provenance["token_gaps"]
     assert gaps["decoding"] == [1] and "slope_ms_per_request" not in gaps
     assert prof.overhead_per_request_ms == 0.0
