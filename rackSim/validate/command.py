@@ -191,6 +191,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="profiles to fit and compare")
     g.add_argument("--fresh-server", action="store_true",
                    help="a new server for every run (no drift; +30-120 s per run)")
+    g.add_argument("--recorded", type=Path,
+                   help="measure nothing: fit and predict the runs of this recorded grid "
+                        "directory again with the code as it is now, writing the profiles "
+                        "and tables into --out (may be the same directory)")
     _server_shape_args(g)
     _placement_args(g)
     m = sub.add_parser("machine", formatter_class=HELP,
@@ -418,6 +422,8 @@ def _cmd_grid(args: argparse.Namespace) -> int:
         format_repeatability,
         held_out_table,
         local_runner,
+        recorded_model,
+        recorded_runner,
         repeatability,
         run_grid,
         write_grid,
@@ -427,17 +433,23 @@ def _cmd_grid(args: argparse.Namespace) -> int:
     spec = GridSpec(fit_concurrency=args.fit_concurrency, concurrencies=tuple(args.concurrency),
                     seeds=tuple(args.seeds), window_s=args.window_s,
                     warmup_s=args.warmup_s, repeat=args.repeat, sources=tuple(args.sources))
-    settings = ServerSettings(model=args.model, kv_cache_gib=args.kv_cache_gib,
-                              max_num_batched_tokens=args.max_num_batched_tokens,
-                              max_num_seqs=args.max_num_seqs, server_nice=args.server_nice,
-                              engine_nice=args.engine_nice,
-                              share_worker_cpus=args.share_worker_cpus)
-    runner, stop = local_runner(settings, spec.window_s, args.fresh_server,
-                                args.out.resolve(), spec.warmup)
-    try:
-        df = run_grid(spec, runner, args.out, Path(args.model).name)
-    finally:
-        stop()
+    if args.recorded is not None:
+        if not args.recorded.is_dir():
+            raise ValueError(f"--recorded {args.recorded}: no such grid directory")
+        df = run_grid(spec, recorded_runner(args.recorded, args.out), args.out,
+                      recorded_model(args.recorded, Path(args.model).name))
+    else:
+        settings = ServerSettings(model=args.model, kv_cache_gib=args.kv_cache_gib,
+                                  max_num_batched_tokens=args.max_num_batched_tokens,
+                                  max_num_seqs=args.max_num_seqs, server_nice=args.server_nice,
+                                  engine_nice=args.engine_nice,
+                                  share_worker_cpus=args.share_worker_cpus)
+        runner, stop = local_runner(settings, spec.window_s, args.fresh_server,
+                                    args.out.resolve(), spec.warmup)
+        try:
+            df = run_grid(spec, runner, args.out, Path(args.model).name)
+        finally:
+            stop()
     csv, png = write_grid(df, args.out)
     print(format_held_out(held_out_table(df)))
     if spec.repeat:

@@ -19,6 +19,9 @@ predicted, error_pct, role, drifting, driver_wait_share, speed_decode / speed_pr
 factors the profile was priced at), `grid.png` (error against concurrency per headline
 metric, the goal bands shaded, the repeated point as a cross, the predictions at run speed
 dashed) and the printed tables of held-out errors and of repeatability.
+A recorded grid can be fitted and predicted again with the code as it is
+(`recorded_runner`, `racksim-validate grid --recorded DIR`): how a change of the model does
+on measured runs, without measuring them again.
 """
 
 from __future__ import annotations
@@ -263,6 +266,32 @@ def replay_cpu_workload(server, concurrency: int, window_s: float, seed: int, ou
                             for name, (cpu, wait) in after.items()}
     meta_path.write_text(json.dumps(meta, indent=1))
     return out
+
+
+def recorded_runner(recorded: Path, out: Path) -> Runner:
+    """A Runner that measures nothing: the run a grid in `out` asks for is the one recorded
+    at the same place in the grid directory `recorded` (`seed<S>/c<N>`, `c<N>-repeat`), so a
+    recorded grid is fitted and predicted again with the code as it is now. ValueError naming
+    a run that was not recorded."""
+    def run(concurrency: int, seed: int, path: Path) -> Path:
+        got = recorded / path.relative_to(out)
+        if not (got / "records.jsonl").exists():
+            raise ValueError(f"--recorded: {got} holds no recorded run (records.jsonl); "
+                             "give the grid's own --fit-concurrency, --concurrency, --seeds "
+                             "and --no-repeat, or record it with `racksim-validate grid`")
+        return got
+
+    return run
+
+
+def recorded_model(recorded: Path, default: str) -> str:
+    """The model name a recorded grid's table gives (`default` without one)."""
+    path = recorded / "grid.csv"
+    if path.exists():
+        names = pd.read_csv(path, usecols=["model"])["model"].dropna().unique()
+        if len(names):
+            return str(names[0])
+    return default
 
 
 def local_runner(settings, window_s: float, fresh: bool, work_dir: Path,

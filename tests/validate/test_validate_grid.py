@@ -79,3 +79,32 @@ def test_a_repeat_that_moved_past_the_goal_is_named():
     last = format_repeatability(rep).splitlines()[-1]
     # ITL P50 moved 31 % (goal 10 %); TTFT P50's 4 % and throughput's 5 % are within theirs
     assert "itl_p50 31 % > 10 %" in last and "ttft" not in last and "throughput" not in last
+
+
+def test_a_recorded_grid_is_fitted_and_predicted_again_without_measuring(tmp_path, capsys):
+    """`grid --recorded SRC --out DST`: the runs of SRC, fitted and predicted again with the
+    code as it is (here the same code: the same table), profiles and tables written into DST,
+    no run recorded there; a run the grid asks for that SRC does not hold is named."""
+    from rackSim.validate.command import EXIT_BAD_INPUT, EXIT_OK, main
+
+    spec = GridSpec(fit_concurrency=3, concurrencies=(1, 5), seeds=(1,), window_s=10.0,
+                    repeat=False, sources=("driver_records",))
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    before = run_grid(spec, _runner, src, "sim", progress=lambda _m: None)
+    write_grid(before, src)
+    args = ["grid", "--recorded", str(src), "--out", str(dst), "--fit-concurrency", "3",
+            "--seeds", "1", "--no-repeat", "--sources", "driver_records"]
+    assert main([*args, "--concurrency", "1", "5"]) == EXIT_OK
+    again = pd.read_csv(dst / "grid.csv")
+    cols = ["model", "seed", "concurrency", "profile", "metric", "measured", "predicted"]
+    pd.testing.assert_frame_equal(again[cols], pd.read_csv(src / "grid.csv")[cols])
+    assert set(again.model) == {"sim"}  # the recorded grid's own name, not --model's default
+    assert (dst / "seed1" / "profile-driver_records.yaml").exists()
+    assert not list(dst.glob("seed1/c*"))
+    capsys.readouterr()
+    assert main([*args, "--concurrency", "1", "7"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "seed1/c7 holds no recorded run" in err and "--concurrency" in err
+    assert main(["grid", "--recorded", str(tmp_path / "none"), "--out", str(dst)]) \
+        == EXIT_BAD_INPUT
+    assert "no such grid directory" in capsys.readouterr().err
