@@ -14,10 +14,12 @@ and `api_overhead_ms` is a fixed per-request delay before a request reaches the 
   elapsed time on its counts (the log has no context column, so per_context_token_ms = 0),
   and `step_jitter`, the quantiles of logged / fitted time over the run's steps.
   The log times the model step only; the time between steps (scheduling, output processing)
-  and `api_overhead_ms` come from the driver records of the same run when given: the busy
-  wall time the logged steps leave uncovered, per step, split into `overhead_ms` and
-  `overhead_per_request_ms` by the slope of the clients' token gaps on the requests decoding
-  (`_gap_slope`: the wall time a request adds to a step) less the log's own per-request term.
+  and `api_overhead_ms` come from the driver records of the same run when given. The
+  clients' token gaps give the wall time of a decode step against the requests decoding
+  (`_gap_line`: the median gap per count, a line); less the logged model step at its median
+  jitter, its intercept is `overhead_ms` and its slope `overhead_per_request_ms`. With fewer
+  than two counts to read (one lane), `overhead_ms` is the busy wall time the logged steps
+  leave uncovered, per step.
 - Black box (`fit_driver_records`): no step log (so no step jitter). Each request gives two
   equations: its end-to-end latency = its TTFT + (output - 1) steps priced at the mean batch
   seen over its decode span plus the prefill work other requests did meanwhile; its TTFT = the
@@ -93,15 +95,17 @@ def fit_iteration_log(steps: list[tuple], shape: ServerShape | None = None,
     if records:
         busy = _busy_s(records)
         between = max(0.0, (busy * 1e3 - float(y.sum())) / len(steps))
-        slope, gaps = _gap_slope(records)
-        per_step = float((a[:, 1] + a[:, 2]).mean())  # requests in a step, on average
-        per_req = 0.0 if slope is None else max(0.0, slope - float(c[3]))
-        per_req = min(per_req, between / per_step) if per_step > 0 else 0.0
-        prof.overhead_per_request_ms = per_req
-        prof.overhead_ms = between - per_req * per_step
+        gaps = _gap_line(records)
+        if "slope_ms_per_request" in gaps:
+            j = float(np.median(jitter))  # the model step a median gap stands beside
+            prof.overhead_ms = max(0.0, gaps["intercept_ms"] - j * float(c[0]))
+            prof.overhead_per_request_ms = max(0.0, gaps["slope_ms_per_request"]
+                                               - j * float(c[3]))
+        else:
+            prof.overhead_ms = between
         prof.api_overhead_ms = _api_overhead(records, prof)
         extra.update({"busy_s": busy, "records": len(records), "between_steps_ms": between,
-                      "requests_per_step": per_step, "token_gaps": gaps})
+                      "token_gaps": gaps})
     prof.provenance = _provenance("iteration_log", inputs or [], extra)
     return prof
 
@@ -130,13 +134,14 @@ def _busy_s(records: list[RequestRecord]) -> float:
 GAP_MIN_SAMPLES = 30  # token gaps at one decoding count for its median to count
 
 
-def _gap_slope(records: list[RequestRecord]) -> tuple[float | None, dict]:
-    """The wall time (ms) one more decoding request adds to a decode step, from the clients'
-    token gaps: each gap between two tokens of a request, taken when no other request was
-    between its send and its first token (no prompt in the step), is one step with the
-    requests decoding at its start; the medians per decoding count (those with at least
-    GAP_MIN_SAMPLES gaps) are fitted by a line weighted by the square root of their counts.
-    None when fewer than two counts have enough gaps. Also returns the medians."""
+def _gap_line(records: list[RequestRecord]) -> dict:
+    """The wall time (ms) of a decode step against the requests decoding in it, from the
+    clients' token gaps: each gap between two tokens of a request, taken when no other
+    request was between its send and its first token (no prompt in the step), is one step
+    with the requests decoding at its start; the medians per decoding count (those with at
+    least GAP_MIN_SAMPLES gaps) are fitted by a line weighted by the square root of their
+    counts. Returns the counts, medians and gaps, and the line (`intercept_ms`,
+    `slope_ms_per_request`) when at least two counts have enough gaps."""
     ok = _ok(records)
     first = np.sort([r.first_token_s for r in ok])
     finish = np.sort([r.finish_s for r in ok])
@@ -144,7 +149,7 @@ def _gap_slope(records: list[RequestRecord]) -> tuple[float | None, dict]:
     firsts_all = np.sort([r.first_token_s for r in records if not math.isnan(r.first_token_s)])
     times = [np.asarray(r.token_times_s) for r in ok if len(r.token_times_s) > 1]
     if not times:
-        return None, {}
+        return {}
     start = np.concatenate([t[:-1] for t in times])
     end = np.concatenate([t[1:] for t in times])
     gap = (end - start) * 1e3
@@ -163,11 +168,10 @@ def _gap_slope(records: list[RequestRecord]) -> tuple[float | None, dict]:
             medians.append(float(np.median(gap[sel])))
             sizes.append(int(sel.sum()))
     out = {"decoding": counts, "median_gap_ms": medians, "gaps": sizes}
-    if len(counts) < 2:
-        return None, out
-    slope, _ = np.polyfit(counts, medians, 1, w=np.sqrt(sizes))
-    out["slope_ms_per_request"] = float(slope)
-    return float(slope), out
+    if len(counts) >= 2:
+        slope, intercept = np.polyfit(counts, medians, 1, w=np.sqrt(sizes))
+        out.update(intercept_ms=float(intercept), slope_ms_per_request=float(slope))
+    return out
 
 
 def _api_overhead(records: list[RequestRecord], prof: Profile) -> float:
