@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 import simpy
 
@@ -50,7 +51,11 @@ class ColocatedInstance(DecodeInstance):
     granularity of prefix hits (a multiple of the simulator's 64-token blocks);
     api_delay_s: front-end time before a request reaches the scheduler (s); output_delay_s:
     front-end time per output token (s; a step's n outputs reach their clients (n + 1) / 2 x
-    this after it ends); on_prefilled: called when a request's prompt is computed;
+    this after it ends); intake_stall_ms, intake_stall_per_token_ms: host time (ms, and ms
+    per prompt token) a request's intake takes from a decode-only step in progress when it
+    arrives, which ends that much later; a step that computes a prompt absorbs it (a measured
+    server's front-end shares the engine core's CPU, docs/validate.md; 0 on a simulated
+    rack); on_prefilled: called when a request's prompt is computed;
     reuse_outputs: whether later prompts carry a request's output as the tokens it generated
     (an agent: the blocks its output filled are prefix hits for the next turn), or as other
     tokens (the validated mode's driver re-sends the workload's own token ids, not what the
@@ -62,7 +67,8 @@ class ColocatedInstance(DecodeInstance):
                  itl: LatencyHistogram, in_window: Callable[[float], bool], trace_tokens: bool,
                  on_prefilled: Callable[[Job], None], on_step: Callable[..., None],
                  rack: int = 0, block_tokens: int = BLOCK_TOKENS, api_delay_s: float = 0.0,
-                 output_delay_s: float = 0.0, reuse_outputs: bool = True):
+                 output_delay_s: float = 0.0, reuse_outputs: bool = True,
+                 intake_stall_ms: float = 0.0, intake_stall_per_token_ms: float = 0.0):
         if block_tokens % BLOCK_TOKENS:
             raise ValueError(f"block_tokens={block_tokens}: must be a multiple of "
                              f"{BLOCK_TOKENS}, the simulator's KV block")
@@ -73,6 +79,10 @@ class ColocatedInstance(DecodeInstance):
         self.tiers = caches
         self.budget, self.block = token_budget, block_tokens
         self.api_delay_s, self.output_delay_s = api_delay_s, output_delay_s
+        self.intake_stall_ms, self.intake_stall_per_token_ms = (intake_stall_ms,
+                                                                intake_stall_per_token_ms)
+        self._stallable = False  # a decode-only step is in progress: an intake stalls it
+        self._stall_ms = 0.0     # intake time the step in progress has still to take
         self.on_prefilled = on_prefilled
         self.reuse_outputs = reuse_outputs
         self.waiting: list[deque[Job]] = [deque() for _ in range(ranks)]
@@ -107,6 +117,9 @@ class ColocatedInstance(DecodeInstance):
             uncached = self._uncached(job, rank)
         job.computed = job.prompt_tokens - uncached  # refined at _start
         self.queued_tokens += uncached
+        if self._stallable:
+            self._stall_ms += (self.intake_stall_ms
+                               + self.intake_stall_per_token_ms * job.prompt_tokens)
         if self.api_delay_s > 0:
             self.env.timeout(self.api_delay_s).callbacks.append(lambda _e: self._enqueue(job))
         else:
@@ -223,8 +236,14 @@ class ColocatedInstance(DecodeInstance):
             n_decoding = len(running)
             cost = model.mixed_step(prefill, decode)
             start = env.now
+            self._stallable = not chunks
+            yield env.timeout(cost.total_ms / 1e3)
+            while self._stall_ms > 0:  # requests arrived during the step: it ends later
+                stall, self._stall_ms = self._stall_ms, 0.0
+                cost = replace(cost, cpu=cost.cpu + stall)
+                yield env.timeout(stall / 1e3)
+            self._stallable = False
             dur = cost.total_ms / 1e3
-            yield env.timeout(dur)
             end = env.now
             entered = self._prefilled(chunks, step, end)
             emitted, retiring = self._emit(step, entered, dur, end)

@@ -20,11 +20,23 @@ step's n outputs are handled one after another, so they reach the client on aver
 (n + 1) / 2 x output_ms after the step ends, also outside the server's TTFT. The profile also
 records the server's shape (scheduler limits, KV cache) it was measured on.
 
+A request's intake also takes host time from the engine: the API server parses it and hands
+it over, and the engine core takes it in, on the CPU the engine core runs its steps from, so
+a decode-only step in progress when a request is sent ends later by
+`intake_stall(prompt_tokens)` = `intake_stall_ms` + `intake_stall_per_token_ms` x its prompt
+tokens; a step that computes a prompt is long enough to absorb it (measured: docs/validate.md).
+The request's own wait before the scheduler is `api_overhead_ms`; the stall is what the
+other requests' steps lose to it.
+
 Steps with the same counts do not take the same time on a real server (on the 2-core CPU
 machine the logged time of batch-1 decode steps spans 0.4x-1.7x its fitted value, P10-P90).
 `step_jitter` holds `JITTER_LEVELS` equal-mass quantiles of logged / fitted step time on the
 fitting run; each step draws one (seeded) and multiplies the step's model time by it, not
 the between-steps overhead. An empty list (black-box profiles, older files) means none.
+`decode_jitter` (as many levels) is the spread of a decode-only step as the clients see it:
+quantiles of its whole wall time (model and time between steps) over the median at its
+batch; when the profile has it, a step without prefill scales its whole time by a draw from
+it instead (steps with prefill keep `step_jitter`).
 
 The same server does not compute at the same speed from one run to the next on a shared
 machine: on the 2-core CPU machine the median logged / fitted time of decode-only steps
@@ -83,11 +95,14 @@ class Profile:
     api_overhead_ms: float = 0.0
     intake_ms: float = 0.0
     output_ms: float = 0.0
+    intake_stall_ms: float = 0.0
+    intake_stall_per_token_ms: float = 0.0
     server: ServerShape = field(default_factory=ServerShape)
     source: str = "iteration_log"
     provenance: dict = field(default_factory=dict)
     residuals: dict = field(default_factory=dict)
     step_jitter: list[float] = field(default_factory=list)
+    decode_jitter: list[float] = field(default_factory=list)
     step_ratios: dict[str, float] = field(default_factory=dict)
 
     def step_ms(self, prefill_tokens: float, prefill_requests: float, decode_requests: float,
@@ -103,6 +118,11 @@ class Profile:
     def between_steps_ms(self, requests: float) -> float:
         """The host-side time between two steps (ms) after a step with `requests` requests."""
         return self.overhead_ms + self.overhead_per_request_ms * requests
+
+    def intake_stall(self, prompt_tokens: int) -> float:
+        """Host time (ms) a request of `prompt_tokens` takes from a decode-only step in
+        progress when it is sent (its intake by the API server and the engine core)."""
+        return self.intake_stall_ms + self.intake_stall_per_token_ms * prompt_tokens
 
     def ratios(self, steps: list[tuple]) -> dict[str, float]:
         """How long logged `steps` (rows in STEP_COLUMNS order) took against this profile, per
@@ -143,7 +163,10 @@ class Profile:
                "api_overhead_ms": float(self.api_overhead_ms),
                "intake_ms": float(self.intake_ms),
                "output_ms": float(self.output_ms),
+               "intake_stall_ms": float(self.intake_stall_ms),
+               "intake_stall_per_token_ms": float(self.intake_stall_per_token_ms),
                "step_jitter": [float(x) for x in self.step_jitter],
+               "decode_jitter": [float(x) for x in self.decode_jitter],
                "step_ratios": {k: float(v) for k, v in self.step_ratios.items()},
                "server": vars(self.server), "provenance": self.provenance,
                "residuals": self.residuals}
@@ -166,11 +189,18 @@ class Profile:
             raise ProfileInputError(f"profile '{path}': step_ms lacks {missing}; refit it "
                                     "with `racksim-validate fit`")
         jitter = doc.get("step_jitter") or []
-        if not (isinstance(jitter, list) and all(isinstance(x, int | float) and x > 0
-                                                 for x in jitter)):
-            raise ProfileInputError(f"profile '{path}': step_jitter must be a list of positive "
-                                    "numbers (quantiles of logged / fitted step time); refit "
-                                    "it with `racksim-validate fit`")
+        decode_jitter = doc.get("decode_jitter") or []
+        for name, q in (("step_jitter", jitter), ("decode_jitter", decode_jitter)):
+            if not (isinstance(q, list) and all(isinstance(x, int | float) and x > 0
+                                                for x in q)):
+                raise ProfileInputError(f"profile '{path}': {name} must be a list of positive "
+                                        "numbers (quantiles of a step's time over its "
+                                        "median or fitted time); refit it with "
+                                        "`racksim-validate fit`")
+        if decode_jitter and len(decode_jitter) != len(jitter):
+            raise ProfileInputError(f"profile '{path}': decode_jitter has {len(decode_jitter)} "
+                                    f"levels, step_jitter {len(jitter)}: they must have as "
+                                    "many; refit it with `racksim-validate fit`")
         ratios = doc.get("step_ratios") or {}
         if not (isinstance(ratios, dict) and set(ratios) <= {"decode", "prefill"}
                 and all(isinstance(v, int | float) and v > 0 for v in ratios.values())):
@@ -178,7 +208,8 @@ class Profile:
                                     "to positive numbers (median logged / fitted step time); "
                                     "refit it with `racksim-validate fit`")
         front = {k: doc.get(k, 0.0) for k in ("api_overhead_ms", "intake_ms", "output_ms",
-                                              "overhead_per_request_ms")}
+                                              "overhead_per_request_ms", "intake_stall_ms",
+                                              "intake_stall_per_token_ms")}
         bad = [k for k, v in front.items() if not (isinstance(v, int | float) and v >= 0)]
         if bad or front["intake_ms"] > front["api_overhead_ms"]:
             raise ProfileInputError(
@@ -191,10 +222,13 @@ class Profile:
                    api_overhead_ms=float(front["api_overhead_ms"]),
                    intake_ms=float(front["intake_ms"]), output_ms=float(front["output_ms"]),
                    overhead_per_request_ms=float(front["overhead_per_request_ms"]),
+                   intake_stall_ms=float(front["intake_stall_ms"]),
+                   intake_stall_per_token_ms=float(front["intake_stall_per_token_ms"]),
                    server=ServerShape(**(doc.get("server") or {})),
                    source=str(doc.get("source", "")), provenance=doc.get("provenance") or {},
                    residuals=doc.get("residuals") or {},
                    step_jitter=[float(x) for x in jitter],
+                   decode_jitter=[float(x) for x in decode_jitter],
                    step_ratios={k: float(v) for k, v in ratios.items()})
 
 
@@ -211,28 +245,36 @@ class MeasuredStepModel:
             profile = Profile.from_yaml(Path(path))
         self.profile, self.role, self.seed = profile, role, seed
         self._jitter = np.asarray(profile.step_jitter, dtype=float)
+        self._decode_jitter = profile.decode_jitter
         self._rng = np.random.default_rng(seed)
-        self._draws: list[float] = []
+        self._draws: list[int] = []
 
     @classmethod
     def from_profile(cls, profile: Profile, role: str = "colocated", seed: int = 0
                      ) -> MeasuredStepModel:
         return cls(profile=profile, role=role, seed=seed)
 
-    def _factor(self) -> float:
-        """The next step's jitter factor (1 without jitter); drawn 4,096 at a time."""
-        if not self._jitter.size:
-            return 1.0
+    def _level(self) -> int:
+        """The next step's jitter level (an index into the jitter lists); drawn 4,096 at a
+        time."""
         if not self._draws:
-            self._draws = self._jitter[self._rng.integers(0, self._jitter.size, 4096)].tolist()
+            self._draws = self._rng.integers(0, self._jitter.size, 4096).tolist()
         return self._draws.pop()
 
     def _step(self, prefill_tokens: float, prefill_requests: float, decode_requests: float,
               context_tokens: float) -> StepBreakdown:
-        c, f = self.profile.coeffs, self._factor()
+        p = self.profile
+        c, between = p.coeffs, p.between_steps_ms(prefill_requests + decode_requests)
+        f = 1.0
+        if self._jitter.size:
+            level = self._level()
+            if self._decode_jitter and not prefill_requests:  # the whole step, as seen
+                f = self._decode_jitter[level]
+                between *= f
+            else:
+                f = float(self._jitter[level])
         return StepBreakdown(
-            cpu=c["const_ms"] * f
-            + self.profile.between_steps_ms(prefill_requests + decode_requests),
+            cpu=c["const_ms"] * f + between,
             dense=(c["per_prefill_token_ms"] * prefill_tokens
                    + c["per_prefill_request_ms"] * prefill_requests
                    + c["per_decode_request_ms"] * decode_requests) * f,

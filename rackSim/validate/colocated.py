@@ -5,12 +5,13 @@ tokens in every step. The validated mode simulates it with the main engine's col
 instance (`rackSim.engine.colocated.ColocatedInstance`: decode tokens first, then chunked
 prefill up to `max_num_batched_tokens`, FIFO admission under `max_num_seqs`, prefix hits in
 whole KV blocks of the server's size, at most prompt - 1 tokens, the first token at the end
-of the step that completes the prompt) with one rank, the server's shape and front-end delays
-(before the scheduler, and per output token after each step) from the measured
-profile, and every step priced by `MeasuredStepModel.mixed_step`. Clients
-are the simulator's own (`rackSim.engine.client.AgentClients` on `rackSim.workload.replay`),
-so the replay policy is the driver's (a lane that starts mid-session first sends its primer,
-one output token, and waits for it); every token's time is recorded so ITL is computed from
+of the step that completes the prompt) with one rank, the server's shape, its front-end delays
+(before the scheduler, and per output token after each step) and the host time a request's
+intake takes from the step in progress, all from the measured profile, and every step priced
+by `MeasuredStepModel.mixed_step`. Clients are the simulator's own
+(`rackSim.engine.client.AgentClients` on `rackSim.workload.replay`), so the replay policy is
+the driver's (a lane that starts mid-session first sends its primer, one output token, and
+waits for it); every token's time is recorded so ITL is computed from
 token times exactly as for the measured run. No speculative decoding (the measured server
 runs none); the KV cache holds `kv_capacity_tokens` and nothing is offloaded to the host.
 
@@ -81,7 +82,8 @@ def simulate_colocated(sessions: list[SessionGraph], replay: ReplaySpec, profile
         lambda _t: False,
         True, lambda _job: None, on_step, block_tokens=shape.block_tokens,
         api_delay_s=profile.api_overhead_ms / 1e3, output_delay_s=profile.output_ms / 1e3,
-        reuse_outputs=reuse_outputs)
+        reuse_outputs=reuse_outputs, intake_stall_ms=profile.intake_stall_ms,
+        intake_stall_per_token_ms=profile.intake_stall_per_token_ms)
     rp = ClosedLoopReplay(sessions, replay, seed)
     # primers are sent as requests and waited for, as the driver sends them to the server
     clients = AgentClients(env, rp, engine.submit, None, records)

@@ -388,8 +388,10 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     res = prof.residuals["all"]
     print(f"profile ({prof.source}) -> {out}\n  " + ", ".join(
         f"{k}={v:.4g}" for k, v in prof.coeffs.items())
-          + f", overhead_ms={prof.overhead_ms:.3g}, api_overhead_ms={prof.api_overhead_ms:.3g}"
-          f" (intake_ms={prof.intake_ms:.3g}), output_ms={prof.output_ms:.3g}"
+          + f", overhead_ms={prof.overhead_ms:.3g} + {prof.overhead_per_request_ms:.3g} per "
+          f"request, api_overhead_ms={prof.api_overhead_ms:.3g} (intake_ms={prof.intake_ms:.3g}"
+          f"), output_ms={prof.output_ms:.3g}, intake stall {prof.intake_stall_ms:.3g} ms + "
+          f"{prof.intake_stall_per_token_ms * 1e3:.3g} ms per 1k prompt tokens"
           f"\n  residuals: rmse {res['rmse_ms']:.3g} ms, r2 {res['r2']:.3f}, "
           f"|err| p50 {res['abs_pct_p50']:.1f}%")
     return EXIT_OK

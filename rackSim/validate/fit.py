@@ -16,10 +16,15 @@ and `api_overhead_ms` is a fixed per-request delay before a request reaches the 
   The log times the model step only; the time between steps (scheduling, output processing)
   and `api_overhead_ms` come from the driver records of the same run when given. The
   clients' token gaps give the wall time of a decode step against the requests decoding
-  (`_gap_line`: the median gap per count, a line); less the logged model step at its median
-  jitter, its intercept is `overhead_ms` and its slope `overhead_per_request_ms`. With fewer
-  than two counts to read (one lane), `overhead_ms` is the busy wall time the logged steps
-  leave uncovered, per step.
+  (`_gap_line`: the median gap per count, a line). Those gaps over the median at their count
+  give `decode_jitter`, the spread of a decode-only step as the clients see it (`step_jitter`,
+  from the log, stays for steps with prefill); the line over that spread's median, less the
+  logged model step, has `overhead_ms` for intercept and `overhead_per_request_ms` for slope.
+  With fewer than two counts to read (one lane), `overhead_ms` is the busy wall time the
+  logged steps leave uncovered, per step, and there is no `decode_jitter`. A gap during
+  which a request was sent is longer than the median at its count by the host time the
+  request's intake takes from the engine (`_intake_stall`: a line in its prompt tokens,
+  `intake_stall_ms` and `intake_stall_per_token_ms`).
 - Black box (`fit_driver_records`): no step log (so no step jitter). Each request gives two
   equations: its end-to-end latency = its TTFT + (output - 1) steps priced at the mean batch
   seen over its decode span plus the prefill work other requests did meanwhile; its TTFT = the
@@ -34,9 +39,11 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import least_squares
+from scipy.stats import theilslopes
 
 from rackSim.metrics.records import RequestRecord
 from rackSim.perf.measured import COEFFS, JITTER_LEVELS, Profile, ServerShape
@@ -95,17 +102,24 @@ def fit_iteration_log(steps: list[tuple], shape: ServerShape | None = None,
     if records:
         busy = _busy_s(records)
         between = max(0.0, (busy * 1e3 - float(y.sum())) / len(steps))
-        gaps = _gap_line(records)
+        token_gaps = _token_gaps(records)
+        gaps = _gap_line(token_gaps)
+        stall = _intake_stall(token_gaps, gaps)
+        prof.intake_stall_ms = stall.get("stall_ms", 0.0)
+        prof.intake_stall_per_token_ms = stall.get("stall_per_token_ms", 0.0)
         if "slope_ms_per_request" in gaps:
-            j = float(np.median(jitter))  # the model step a median gap stands beside
-            prof.overhead_ms = max(0.0, gaps["intercept_ms"] - j * float(c[0]))
-            prof.overhead_per_request_ms = max(0.0, gaps["slope_ms_per_request"]
-                                               - j * float(c[3]))
+            # a decode-only step is (model + between) x a decode_jitter draw, whose median
+            # step is the line's
+            prof.decode_jitter = _decode_jitter(token_gaps, gaps, levels)
+            j = float(np.median(prof.decode_jitter))
+            prof.overhead_ms = max(0.0, gaps["intercept_ms"] / j - float(c[0]))
+            prof.overhead_per_request_ms = max(0.0, gaps["slope_ms_per_request"] / j
+                                               - float(c[3]))
         else:
             prof.overhead_ms = between
         prof.api_overhead_ms = _api_overhead(records, prof)
         extra.update({"busy_s": busy, "records": len(records), "between_steps_ms": between,
-                      "token_gaps": gaps})
+                      "token_gaps": gaps, "intake_stall": stall})
     prof.provenance = _provenance("iteration_log", inputs or [], extra)
     return prof
 
@@ -134,43 +148,104 @@ def _busy_s(records: list[RequestRecord]) -> float:
 GAP_MIN_SAMPLES = 30  # token gaps at one decoding count for its median to count
 
 
-def _gap_line(records: list[RequestRecord]) -> dict:
-    """The wall time (ms) of a decode step against the requests decoding in it, from the
-    clients' token gaps: each gap between two tokens of a request, taken when no other
-    request was between its send and its first token (no prompt in the step), is one step
-    with the requests decoding at its start; the medians per decoding count (those with at
-    least GAP_MIN_SAMPLES gaps) are fitted by a line weighted by the square root of their
-    counts. Returns the counts, medians and gaps, and the line (`intercept_ms`,
-    `slope_ms_per_request`) when at least two counts have enough gaps."""
+@dataclass
+class _TokenGaps:
+    """Every gap between two tokens of a request at the client, with what the server was
+    doing at its start: gap_ms; decoding, the requests decoding (first token before, finish
+    after); pending, requests sent before it whose first token came after its start (a prompt
+    the step may compute); sent, requests sent during it; sent_prompt, the prompt tokens of
+    the first of those (0 when none)."""
+
+    gap_ms: np.ndarray
+    decoding: np.ndarray
+    pending: np.ndarray
+    sent: np.ndarray
+    sent_prompt: np.ndarray
+
+
+def _token_gaps(records: list[RequestRecord]) -> _TokenGaps | None:
     ok = _ok(records)
     first = np.sort([r.first_token_s for r in ok])
     finish = np.sort([r.finish_s for r in ok])
-    sends = np.sort([r.send_s for r in records if not math.isnan(r.first_token_s)])
+    answered = sorted((r.send_s, r.prompt_tokens) for r in records
+                      if not math.isnan(r.first_token_s))
+    sends = np.array([t for t, _ in answered])
+    prompt = np.array([p for _, p in answered] + [0])
     firsts_all = np.sort([r.first_token_s for r in records if not math.isnan(r.first_token_s)])
     times = [np.asarray(r.token_times_s) for r in ok if len(r.token_times_s) > 1]
     if not times:
-        return {}
+        return None
     start = np.concatenate([t[:-1] for t in times])
     end = np.concatenate([t[1:] for t in times])
-    gap = (end - start) * 1e3
     decoding = (np.searchsorted(first, start, side="right")
                 - np.searchsorted(finish, start, side="right"))
-    # requests sent by the gap's end whose first token came after its start: a prompt may
-    # have been computed in that step
-    prompts = (np.searchsorted(sends, end, side="right")
-               - np.searchsorted(firsts_all, start, side="right"))
-    keep = prompts == 0
+    sent_before = np.searchsorted(sends, start, side="right")
+    sent = np.searchsorted(sends, end) - sent_before  # sent before its end (a send at the
+    # very end, a client answering the step that ended it, belongs to the next gap)
+    pending = sent_before - np.searchsorted(firsts_all, start, side="right")
+    return _TokenGaps((end - start) * 1e3, decoding, pending, sent,
+                      np.where(sent > 0, prompt[sent_before], 0))
+
+
+def _gap_line(gaps: _TokenGaps | None) -> dict:
+    """The wall time (ms) of a decode step against the requests decoding in it, from the
+    clients' token gaps: each gap between two tokens of a request, taken when no request was
+    between its send and its first token and none was sent during it (no prompt in the step,
+    no intake stalling it), is one step with the requests decoding at its start; the medians
+    per decoding count (those with at least GAP_MIN_SAMPLES gaps) are fitted by a line
+    weighted by the square root of their counts. Returns the counts, medians and gaps, and
+    the line (`intercept_ms`, `slope_ms_per_request`) when at least two counts have enough
+    gaps."""
+    if gaps is None:
+        return {}
+    keep = (gaps.pending == 0) & (gaps.sent == 0)
     counts, medians, sizes = [], [], []
-    for n in np.unique(decoding[keep]):
-        sel = keep & (decoding == n)
+    for n in np.unique(gaps.decoding[keep]):
+        sel = keep & (gaps.decoding == n)
         if n >= 1 and sel.sum() >= GAP_MIN_SAMPLES:
             counts.append(int(n))
-            medians.append(float(np.median(gap[sel])))
+            medians.append(float(np.median(gaps.gap_ms[sel])))
             sizes.append(int(sel.sum()))
     out = {"decoding": counts, "median_gap_ms": medians, "gaps": sizes}
     if len(counts) >= 2:
         slope, intercept = np.polyfit(counts, medians, 1, w=np.sqrt(sizes))
         out.update(intercept_ms=float(intercept), slope_ms_per_request=float(slope))
+    return out
+
+
+def _decode_jitter(gaps: _TokenGaps, line: dict, levels: np.ndarray) -> list[float]:
+    """Quantiles (at `levels`) of a decode step's wall time over the median at its decoding
+    count, from the gaps `_gap_line` reads (no prompt in the step, no intake stalling it)."""
+    median_at = dict(zip(line["decoding"], line["median_gap_ms"], strict=True))
+    sel = (gaps.pending == 0) & (gaps.sent == 0) & np.isin(gaps.decoding, line["decoding"])
+    ratio = gaps.gap_ms[sel] / np.array([median_at[n] for n in gaps.decoding[sel]])
+    return [float(x) for x in np.quantile(ratio, levels)]
+
+
+def _intake_stall(gaps: _TokenGaps | None, line: dict) -> dict:
+    """The host time (ms) a request's intake takes from the engine's step in progress, from
+    the clients' token gaps: a gap during which one request was sent (none pending at its
+    start) is longer than the median gap at its decoding count (`_gap_line`'s medians) by
+    the stall; the excess against the sent request's prompt tokens is read by a Theil-Sen
+    line (medians of pairwise slopes: a few gaps that also met a stall of the machine do not
+    tilt it). Returns the samples and, with at least GAP_MIN_SAMPLES of them, `stall_ms` and
+    `stall_per_token_ms` (a constant, the median excess, when the line's intercept or slope
+    is negative)."""
+    if gaps is None or not line.get("decoding"):
+        return {"samples": 0}
+    median_at = dict(zip(line["decoding"], line["median_gap_ms"], strict=True))
+    sel = (gaps.pending == 0) & (gaps.sent == 1) & np.isin(gaps.decoding, line["decoding"])
+    out: dict = {"samples": int(sel.sum())}
+    if sel.sum() < GAP_MIN_SAMPLES:
+        return out
+    excess = gaps.gap_ms[sel] - np.array([median_at[n] for n in gaps.decoding[sel]])
+    tokens = gaps.sent_prompt[sel].astype(float)
+    slope, intercept = theilslopes(excess, tokens)[:2] if np.ptp(tokens) > 0 else (0.0, 0.0)
+    if not (slope >= 0 and intercept >= 0):
+        slope, intercept = 0.0, max(0.0, float(np.median(excess)))
+    out.update(stall_ms=float(intercept), stall_per_token_ms=float(slope),
+               median_excess_ms=float(np.median(excess)),
+               prompt_tokens_p10_p90=[float(x) for x in np.percentile(tokens, [10, 90])])
     return out
 
 

@@ -87,6 +87,26 @@ def test_step_jitter_multiplies_the_model_time_not_the_overhead():
     assert plain.decode_step(batch).total_ms == pytest.approx(1.0 + base)
 
 
+def test_a_decode_step_draws_its_whole_time_from_the_decode_jitter():
+    """With a decode_jitter, a step without prefill scales its model time and the time
+    between steps by a draw from it; a step with prefill keeps step_jitter on its model time
+    only."""
+    prof = Profile(coeffs=dict(TRUE), overhead_ms=1.0, step_jitter=[0.5, 1.5],
+                   decode_jitter=[0.8, 1.2])
+    model = MeasuredStepModel.from_profile(prof, seed=5)
+    decode = DecodeBatch(requests_per_rank=[8], context_tokens_per_rank=[100],
+                         tokens_per_request=1.0, draft_tokens=0, new_loads=0,
+                         admitted_prompt_tokens=0, step_index=0)
+    prefill = PrefillBatch(new_tokens=100, attended_tokens=100, num_requests=1,
+                           admitted_prompt_tokens=100, ranks=1)
+    whole = 1.0 + 2.0 + 0.4 * 8
+    got = {round(model.decode_step(decode).total_ms, 9) for _ in range(200)}
+    assert got == {round(0.8 * whole, 9), round(1.2 * whole, 9)}
+    work = 2.0 + 0.02 * 100 + 3.0
+    got = {round(model.prefill_step(prefill).total_ms, 9) for _ in range(200)}
+    assert got == {round(1.0 + 0.5 * work, 9), round(1.0 + 1.5 * work, 9)}
+
+
 def test_log_fit_needs_steps():
     with pytest.raises(ValueError, match="need at least 8"):
         fit_iteration_log(_steps(5))
@@ -108,6 +128,20 @@ def test_profile_yaml_roundtrip_and_errors(tmp_path):
     (tmp_path / "bad_jitter.yaml").write_text(bad)
     with pytest.raises(ValueError, match="step_jitter must be a list of positive numbers"):
         Profile.from_yaml(tmp_path / "bad_jitter.yaml")
+    prof.intake_stall_ms, prof.intake_stall_per_token_ms = 2.5, 0.0004
+    prof.decode_jitter = [1.0] * len(prof.step_jitter)
+    back = Profile.from_yaml(prof.to_yaml(path))
+    assert (back.intake_stall_ms, back.intake_stall_per_token_ms) == (2.5, 0.0004)
+    assert back.decode_jitter == prof.decode_jitter
+    text = path.read_text()
+    (tmp_path / "neg.yaml").write_text(text.replace("intake_stall_ms: 2.5",
+                                                    "intake_stall_ms: -1.0"))
+    with pytest.raises(ValueError, match="intake_stall_ms must be a number >= 0"):
+        Profile.from_yaml(tmp_path / "neg.yaml")
+    (tmp_path / "short.yaml").write_text(text.replace("decode_jitter:\n- 1.0\n",
+                                                      "decode_jitter:\n"))
+    with pytest.raises(ValueError, match="decode_jitter has 39 levels, step_jitter 40"):
+        Profile.from_yaml(tmp_path / "short.yaml")
 
 
 def test_measured_step_model_arithmetic(tmp_path):
@@ -149,15 +183,18 @@ def test_the_time_between_steps_grows_with_the_requests_in_the_step(tmp_path):
         Profile.from_yaml(tmp_path / "neg.yaml")
 
 
-def _fit_between_steps(tmp_path, lanes: int) -> Profile:
+def _fit_between_steps(tmp_path, lanes: int, stall: tuple[float, float] = (0.0, 0.0)
+                       ) -> Profile:
     """The log fit of a run on `lanes` lanes of a server whose engine spends 0.5 ms + 0.3 ms
-    per request between the logged steps."""
+    per request between the logged steps, and `stall` (ms, ms per prompt token) of a
+    decode-only step per request sent during it."""
     from validate_support import simulated_run_dir
 
     from rackSim.validate.runs import fit_run
 
     truth = Profile(coeffs=dict(TRUE), overhead_ms=0.5, overhead_per_request_ms=0.3,
-                    api_overhead_ms=10.0, server=ServerShape())
+                    api_overhead_ms=10.0, intake_stall_ms=stall[0],
+                    intake_stall_per_token_ms=stall[1], server=ServerShape())
     run = simulated_run_dir(tmp_path / "run", lanes, 1, window_s=10.0, truth=truth,
                             iteration_log=True)
     return fit_run(run, "log", ServerShape())
@@ -181,6 +218,51 @@ def test_the_log_fit_splits_the_time_between_steps_by_the_clients_token_gaps(tmp
     assert gaps["decoding"][0] == 1 and len(gaps["decoding"]) >= 3
     assert gaps["slope_ms_per_request"] == pytest.approx(0.7, abs=0.01)
     assert gaps["intercept_ms"] == pytest.approx(2.5, abs=0.02)
+    # a decode step of a server without jitter takes its median time at every count
+    assert prof.decode_jitter == pytest.approx([1.0] * JITTER_LEVELS, abs=1e-6)
+    assert prof.provenance["intake_stall"]["stall_ms"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_the_log_fit_reads_the_intake_stall_from_the_gaps_a_request_was_sent_in(tmp_path):
+    """A server whose decode steps take 2 ms + 0.001 ms per prompt token longer for each
+    request sent while they run: the gaps with one send in them exceed the median at their
+    decoding count by exactly that, and the fit reads the line back; the other gaps (the
+    time between steps, the spread) are as without it."""
+    prof = _fit_between_steps(tmp_path, lanes=6, stall=(2.0, 0.001))
+    stall = prof.provenance["intake_stall"]
+    assert stall["samples"] >= 30
+    assert prof.intake_stall_ms == pytest.approx(2.0, abs=0.02)
+    assert prof.intake_stall_per_token_ms == pytest.approx(0.001, abs=2e-5)
+    assert prof.intake_stall(1500) == pytest.approx(3.5, abs=0.05)
+    assert prof.overhead_ms == pytest.approx(0.5, abs=0.01)
+    assert prof.overhead_per_request_ms == pytest.approx(0.3, abs=0.01)
+    assert prof.decode_jitter == pytest.approx([1.0] * JITTER_LEVELS, abs=1e-6)
+
+
+def test_an_intake_stalls_the_decode_step_in_progress_and_a_prefill_step_absorbs_it():
+    """Every decode-only step takes, on top of its priced time, 2 ms + 0.001 ms per prompt
+    token of each request sent while it ran (its extension included); a step that computes
+    a prompt takes nothing for the requests sent during it, and an idle engine nothing."""
+    from rackSim.metrics.records import STEP_COLUMNS
+
+    truth = Profile(coeffs=dict(TRUE), overhead_ms=0.5, api_overhead_ms=4.0,
+                    intake_stall_ms=2.0, intake_stall_per_token_ms=0.001)
+    wl = cpu_tiny_workload(6, window_s=10.0)
+    sim = simulate_colocated(load_sessions(wl, 3), wl.replay, truth, seed=3)
+    sends = sorted((r.send_s, r.prompt_tokens) for r in sim.records)
+    cpu = STEP_COLUMNS.index("cpu_ms")
+    stalled = absorbed = 0
+    for row in sim.steps:
+        start, end = row[2], row[2] + row[3] / 1e3
+        inside = [n for t, n in sends if start < t < end]
+        extra = row[cpu] - TRUE["const_ms"] - truth.between_steps_ms(row[4] + row[6])
+        if row[4]:  # a prompt's chunk in the step
+            assert extra == pytest.approx(0.0, abs=1e-9)
+            absorbed += bool(inside)
+        else:
+            assert extra == pytest.approx(sum(truth.intake_stall(n) for n in inside), abs=1e-9)
+            stalled += bool(inside)
+    assert stalled >= 30 and absorbed >= 5
 
 
 def test_blackbox_fit_recovers_simulated_server():

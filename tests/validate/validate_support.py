@@ -57,6 +57,7 @@ def simulated_run_dir(d: Path, concurrency: int, seed: int, window_s: float = 15
     time without the between-steps overhead, as vLLM logs it), kept as the run's log range."""
     import json
 
+    from rackSim.metrics.records import STEP_COLUMNS
     from rackSim.perf.measured import Profile, ServerShape
     from rackSim.validate.colocated import simulate_colocated
     from rackSim.validate.recording import RecordWriter
@@ -72,12 +73,15 @@ def simulated_run_dir(d: Path, concurrency: int, seed: int, window_s: float = 15
     shape = truth.server
     log = []
     if iteration_log:
+        # the log times the model step: the step's CPU part less the constant is the time
+        # between steps and any intake stall (these truths have no jitter)
+        assert not truth.step_jitter
+        cpu, const = STEP_COLUMNS.index("cpu_ms"), truth.coeffs["const_ms"]
         path = d / "server.log"
         path.write_text("".join(
             f"INFO Engine 000: Iteration({row[1]}): {row[4]} context requests, {row[5]} context "
             f"tokens, {row[6]} generation requests, {int(row[7])} generation tokens, iteration "
-            f"elapsed time: {row[3] - truth.between_steps_ms(row[4] + row[6]):.3f} ms, CPU KV "
-            "cache usage: 0.0%\n"
+            f"elapsed time: {row[3] - (row[cpu] - const):.3f} ms, CPU KV cache usage: 0.0%\n"
             for row in sim.steps))
         log = [{"path": str(path), "start_byte": 0, "end_byte": path.stat().st_size}]
     (d / "run.json").write_text(json.dumps({
