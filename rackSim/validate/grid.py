@@ -13,12 +13,15 @@ measured (profile `<name>@run_speed`, `rackSim.validate.runs.run_speed`: two num
 the median of its logged over fitted step time for decode-only steps and for steps with
 prefill): on a machine whose speed wanders from run to run, it tells the model's own error
 from the machine's (the goal is judged on the first). Each run keeps its drift probe, so a row
-from a drifting server is marked, and the share of the run its driver waited for a CPU.
+from a drifting server is marked, with the share of the run its driver waited for a CPU and
+whether the machine was busy with other work (`busy`: one of the server's processes waited
+for a CPU more than BUSY_WAIT_S_PER_S; the held-out table names such a run).
 Output: `grid.csv` (one row per model x seed x concurrency x profile x metric: measured,
-predicted, error_pct, role, drifting, driver_wait_share, speed_decode / speed_prefill = the
-factors the profile was priced at), `grid.png` (error against concurrency per headline
-metric, the goal bands shaded, the repeated point as a cross, the predictions at run speed
-dashed) and the printed tables of held-out errors and of repeatability.
+predicted, error_pct, role, drifting, driver_wait_share, server_wait_s_per_s, busy,
+speed_decode / speed_prefill = the factors the profile was priced at), `grid.png` (error
+against concurrency per headline metric, the goal bands shaded, the repeated point as a
+cross, the predictions at run speed dashed) and the printed tables of held-out errors and of
+repeatability.
 A recorded grid can be fitted and predicted again with the code as it is
 (`recorded_runner`, `racksim-validate grid --recorded DIR`): how a change of the model does
 on measured runs, without measuring them again.
@@ -85,17 +88,32 @@ Runner = Callable[[int, int, Path], Path]
 (with --server-log, so the iteration log and the server's shape are in run.json)."""
 
 
-def _drifting_and_wait(run: Path) -> tuple[bool, float | None]:
-    """Whether the run's server drifted, and the share of the run the driver waited for a
-    CPU (`driver.driver_wait_share`)."""
+BUSY_WAIT_S_PER_S = 1.0
+"""A run's machine was busy with other work when one of the server's processes waited for a
+CPU this long per second of the replay (a thread runnable and waiting all along); on a quiet
+2-core machine the busiest, the engine core sharing its CPU with the API server, waits
+0.1-0.5 s per s, and a test suite run beside the replay made the model worker wait 2.4."""
+
+
+def _run_conditions(run: Path) -> dict:
+    """How the run's machine was: `drifting`, whether its server drifted (the probes);
+    `driver_wait_share`, the share of the replay the driver waited for a CPU
+    (`driver.driver_wait_share`); `server_wait_s_per_s`, the most any of the server's
+    processes waited for a CPU per second of the replay (run.json `server_cpu_s`; None where
+    not measured), and `busy`, whether that passed BUSY_WAIT_S_PER_S."""
     import json
 
     from rackSim.validate.driver import driver_wait_share
 
     meta = json.loads((run / "run.json").read_text())
     probe, segments = meta.get("probe") or {}, meta.get("segments")
-    return (any(p.get("drifting") for p in probe.values()),
-            driver_wait_share(segments[-1]) if segments else None)
+    server = meta.get("server_cpu_s") or {}
+    span = segments[-1]["end_s"] - segments[-1]["start_s"] if segments else 0.0
+    wait = (max(v["wait_s"] for v in server.values()) / span) if server and span > 0 else None
+    return {"drifting": any(p.get("drifting") for p in probe.values()),
+            "driver_wait_share": driver_wait_share(segments[-1]) if segments else None,
+            "server_wait_s_per_s": wait,
+            "busy": wait is not None and wait > BUSY_WAIT_S_PER_S}
 
 
 def run_grid(spec: GridSpec, runner: Runner, out: Path, model: str,
@@ -115,7 +133,7 @@ def run_grid(spec: GridSpec, runner: Runner, out: Path, model: str,
         for conc, role in points + ([(spec.fit_concurrency, "repeat")] if spec.repeat else []):
             run = fit_dir if role == "fit" else runner(
                 conc, seed, base / (f"c{conc}" + ("-repeat" if role == "repeat" else "")))
-            drifting, wait = _drifting_and_wait(run)
+            cond = _run_conditions(run)
             for name, prof in profiles.items():
                 at_speed = bool(prof.step_ratios) and bool(log_ranges(run))
                 for label, corrected in [(name, False)] + (
@@ -125,13 +143,15 @@ def run_grid(spec: GridSpec, runner: Runner, out: Path, model: str,
                         rows.append({"model": model, "seed": seed, "concurrency": conc,
                                      "profile": label, "metric": r.key, "measured": r.measured,
                                      "predicted": r.predicted, "error_pct": r.error_pct,
-                                     "note": r.note, "drifting": drifting,
-                                     "driver_wait_share": wait, "role": role,
+                                     "note": r.note, **cond, "role": role,
                                      "speed_decode": pred.speed["decode"],
                                      "speed_prefill": pred.speed["prefill"]})
             progress(f"grid {model}: seed {seed} concurrency {conc} "
                      + ("repeated" if role == "repeat" else "done")
-                     + (" (server drifting)" if drifting else ""))
+                     + (" (server drifting)" if cond["drifting"] else "")
+                     + (f" (machine busy: a server process waited "
+                        f"{cond['server_wait_s_per_s']:.1f} s per s for a CPU; the run measures "
+                        "that load, not the server)" if cond["busy"] else ""))
     return pd.DataFrame(rows)
 
 
@@ -151,13 +171,17 @@ def repeatability(df: pd.DataFrame) -> pd.DataFrame:
 
 def held_out_table(df: pd.DataFrame) -> pd.DataFrame:
     """Held-out errors (%) of the headline metrics: one row per model x profile x seed x
-    concurrency, a column per metric, and whether every goal was met."""
+    concurrency, a column per metric, whether every goal was met, and whether the machine
+    was busy during the run (`_run_conditions`)."""
     held = df[(df.role == "held_out") & df.metric.isin(HEADLINE)]
-    wide = held.pivot_table(index=["model", "profile", "seed", "concurrency"],
-                            columns="metric", values="error_pct").reset_index()
+    keys = ["model", "profile", "seed", "concurrency"]
+    wide = held.pivot_table(index=keys, columns="metric", values="error_pct").reset_index()
     wide["within_goal"] = [all(abs(r[m]) <= GOAL_PCT[m] for m in HEADLINE
                                if m in r and not math.isnan(r[m]))
                            for _, r in wide.iterrows()]
+    busy = held.groupby(keys).busy.any() if "busy" in held else None
+    wide["busy"] = (wide.set_index(keys).index.map(busy).fillna(False).astype(bool)
+                    if busy is not None else False)
     return wide
 
 
@@ -213,7 +237,8 @@ def format_held_out(wide: pd.DataFrame) -> str:
     lines = [f"{'model':<11}{'profile':<25}{'seed':>5}{'conc':>5}" + _heads(cols) + "  goal"]
     for _, r in wide.iterrows():
         lines.append(f"{r.model:<11}{r.profile:<25}{r.seed:>5}{r.concurrency:>5}"
-                     + _cells(r, cols) + ("  met" if r.within_goal else "  missed"))
+                     + _cells(r, cols) + ("  met" if r.within_goal else "  missed")
+                     + ("  (machine busy)" if r.busy else ""))
     return "\n".join(lines)
 
 

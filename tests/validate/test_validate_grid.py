@@ -81,6 +81,36 @@ def test_a_repeat_that_moved_past_the_goal_is_named():
     assert "itl_p50 31 % > 10 %" in last and "ttft" not in last and "throughput" not in last
 
 
+def test_a_run_on_a_busy_machine_is_named(tmp_path):
+    """A run during which one of the server's processes waited for a CPU more than a second
+    per second of the replay (run.json `server_cpu_s`) is marked busy in the table and the
+    progress line; the others (waits of a quiet machine, or none measured) are not."""
+    import json
+
+    def runner(concurrency: int, seed: int, out):
+        run = _runner(concurrency, seed, out)
+        meta = json.loads((run / "run.json").read_text())
+        wait = 30.0 if concurrency == 5 else 2.0  # s over a 20-s replay
+        meta["segments"] = [{"start_s": 0.0, "end_s": 20.0}]
+        meta["server_cpu_s"] = {"VLLM::Worker": {"cpu_s": 20.0, "wait_s": wait},
+                                "python": {"cpu_s": 3.0, "wait_s": 1.0}}
+        (run / "run.json").write_text(json.dumps(meta))
+        return run
+
+    spec = GridSpec(fit_concurrency=3, concurrencies=(1, 5), seeds=(1,), window_s=10.0,
+                    sources=("driver_records",), repeat=False)
+    seen = []
+    df = run_grid(spec, runner, tmp_path, "sim", progress=seen.append)
+    assert df[df.concurrency == 5].busy.all() and not df[df.concurrency != 5].busy.any()
+    assert df[df.concurrency == 5].server_wait_s_per_s.iloc[0] == pytest.approx(1.5)
+    assert df[df.concurrency == 1].server_wait_s_per_s.iloc[0] == pytest.approx(0.1)
+    assert [("machine busy" in line) for line in seen] == [False, False, True]
+    lines = format_held_out(held_out_table(df)).splitlines()[1:]
+    assert [line.endswith("(machine busy)") for line in lines] == [False, True]
+    plain = run_grid(spec, _runner, tmp_path / "plain", "sim", progress=lambda _m: None)
+    assert plain.server_wait_s_per_s.isna().all() and not plain.busy.any()
+
+
 def test_a_recorded_grid_is_fitted_and_predicted_again_without_measuring(tmp_path, capsys):
     """`grid --recorded SRC --out DST`: the runs of SRC, fitted and predicted again with the
     code as it is (here the same code: the same table), profiles and tables written into DST,
