@@ -213,13 +213,21 @@ def _gap_line(gaps: _TokenGaps | None) -> dict:
     return out
 
 
+def _with_median(gaps: _TokenGaps, line: dict, sent: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The gaps with no prompt in flight and `sent` requests sent during them, at a decoding
+    count `line` has a median for: their gap_ms, the median gap at their count (ms), and the
+    mask that picks them from `gaps`."""
+    median_at = dict(zip(line["decoding"], line["median_gap_ms"], strict=True))
+    sel = (gaps.pending == 0) & (gaps.sent == sent) & np.isin(gaps.decoding, line["decoding"])
+    return gaps.gap_ms[sel], np.array([median_at[n] for n in gaps.decoding[sel]]), sel
+
+
 def _decode_jitter(gaps: _TokenGaps, line: dict, levels: np.ndarray) -> list[float]:
     """Quantiles (at `levels`) of a decode step's wall time over the median at its decoding
     count, from the gaps `_gap_line` reads (no prompt in the step, no intake stalling it)."""
-    median_at = dict(zip(line["decoding"], line["median_gap_ms"], strict=True))
-    sel = (gaps.pending == 0) & (gaps.sent == 0) & np.isin(gaps.decoding, line["decoding"])
-    ratio = gaps.gap_ms[sel] / np.array([median_at[n] for n in gaps.decoding[sel]])
-    return [float(x) for x in np.quantile(ratio, levels)]
+    gap, median, _ = _with_median(gaps, line, sent=0)
+    return [float(x) for x in np.quantile(gap / median, levels)]
 
 
 def _intake_stall(gaps: _TokenGaps | None, line: dict) -> dict:
@@ -233,12 +241,11 @@ def _intake_stall(gaps: _TokenGaps | None, line: dict) -> dict:
     is negative)."""
     if gaps is None or not line.get("decoding"):
         return {"samples": 0}
-    median_at = dict(zip(line["decoding"], line["median_gap_ms"], strict=True))
-    sel = (gaps.pending == 0) & (gaps.sent == 1) & np.isin(gaps.decoding, line["decoding"])
-    out: dict = {"samples": int(sel.sum())}
-    if sel.sum() < GAP_MIN_SAMPLES:
+    gap, median, sel = _with_median(gaps, line, sent=1)
+    out: dict = {"samples": int(gap.size)}
+    if gap.size < GAP_MIN_SAMPLES:
         return out
-    excess = gaps.gap_ms[sel] - np.array([median_at[n] for n in gaps.decoding[sel]])
+    excess = gap - median
     tokens = gaps.sent_prompt[sel].astype(float)
     slope, intercept = theilslopes(excess, tokens)[:2] if np.ptp(tokens) > 0 else (0.0, 0.0)
     if not (slope >= 0 and intercept >= 0):

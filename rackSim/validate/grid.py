@@ -179,9 +179,7 @@ def held_out_table(df: pd.DataFrame) -> pd.DataFrame:
     wide["within_goal"] = [all(abs(r[m]) <= GOAL_PCT[m] for m in HEADLINE
                                if m in r and not math.isnan(r[m]))
                            for _, r in wide.iterrows()]
-    busy = held.groupby(keys).busy.any() if "busy" in held else None
-    wide["busy"] = (wide.set_index(keys).index.map(busy).fillna(False).astype(bool)
-                    if busy is not None else False)
+    wide["busy"] = wide.set_index(keys).index.map(held.groupby(keys).busy.any()).astype(bool)
     return wide
 
 
