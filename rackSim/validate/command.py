@@ -191,6 +191,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="profiles to fit and compare")
     g.add_argument("--fresh-server", action="store_true",
                    help="a new server for every run (no drift; +30-120 s per run)")
+    g.add_argument("--busy-retries", type=int, default=1,
+                   help="measure a run again, up to this many times, when the machine was "
+                        "busy with other work during it (a server process waited over 1 s "
+                        "per s for a CPU); the busy run is kept beside it as <run>-busy<k>")
     g.add_argument("--recorded", type=Path,
                    help="measure nothing: fit and predict the runs of this recorded grid "
                         "directory again with the code as it is now, writing the profiles "
@@ -427,6 +431,7 @@ def _cmd_grid(args: argparse.Namespace) -> int:
         recorded_model,
         recorded_runner,
         repeatability,
+        retry_busy,
         run_grid,
         write_grid,
     )
@@ -449,7 +454,8 @@ def _cmd_grid(args: argparse.Namespace) -> int:
         runner, stop = local_runner(settings, spec.window_s, args.fresh_server,
                                     args.out.resolve(), spec.warmup)
         try:
-            df = run_grid(spec, runner, args.out, Path(args.model).name)
+            df = run_grid(spec, retry_busy(runner, args.busy_retries), args.out,
+                          Path(args.model).name)
         finally:
             stop()
     csv, png = write_grid(df, args.out)

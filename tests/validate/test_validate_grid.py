@@ -81,21 +81,25 @@ def test_a_repeat_that_moved_past_the_goal_is_named():
     assert "itl_p50 31 % > 10 %" in last and "ttft" not in last and "throughput" not in last
 
 
+def _waited(run, wait_s: float):
+    """`run` as if its model worker had waited `wait_s` for a CPU over a 20-s replay."""
+    import json
+
+    meta = json.loads((run / "run.json").read_text())
+    meta["segments"] = [{"start_s": 0.0, "end_s": 20.0}]
+    meta["server_cpu_s"] = {"VLLM::Worker": {"cpu_s": 20.0, "wait_s": wait_s},
+                            "python": {"cpu_s": 3.0, "wait_s": 1.0}}
+    (run / "run.json").write_text(json.dumps(meta))
+    return run
+
+
 def test_a_run_on_a_busy_machine_is_named(tmp_path):
     """A run during which one of the server's processes waited for a CPU more than a second
     per second of the replay (run.json `server_cpu_s`) is marked busy in the table and the
     progress line; the others (waits of a quiet machine, or none measured) are not."""
-    import json
 
     def runner(concurrency: int, seed: int, out):
-        run = _runner(concurrency, seed, out)
-        meta = json.loads((run / "run.json").read_text())
-        wait = 30.0 if concurrency == 5 else 2.0  # s over a 20-s replay
-        meta["segments"] = [{"start_s": 0.0, "end_s": 20.0}]
-        meta["server_cpu_s"] = {"VLLM::Worker": {"cpu_s": 20.0, "wait_s": wait},
-                                "python": {"cpu_s": 3.0, "wait_s": 1.0}}
-        (run / "run.json").write_text(json.dumps(meta))
-        return run
+        return _waited(_runner(concurrency, seed, out), 30.0 if concurrency == 5 else 2.0)
 
     spec = GridSpec(fit_concurrency=3, concurrencies=(1, 5), seeds=(1,), window_s=10.0,
                     sources=("driver_records",), repeat=False)
@@ -109,6 +113,39 @@ def test_a_run_on_a_busy_machine_is_named(tmp_path):
     assert [line.endswith("(machine busy)") for line in lines] == [False, True]
     plain = run_grid(spec, _runner, tmp_path / "plain", "sim", progress=lambda _m: None)
     assert plain.server_wait_s_per_s.isna().all() and not plain.busy.any()
+
+
+def test_a_busy_run_is_measured_again_and_kept_beside(tmp_path):
+    """`retry_busy`: a run on a busy machine is measured again (up to the retries given), the
+    busy one kept as <run>-busy<k>; a quiet run is measured once; no retries, no second
+    measurement; a negative count is refused."""
+    from rackSim.validate.grid import retry_busy
+
+    def busy_first(times: int, calls: list):
+        """A runner whose first `times` measurements meet a busy machine."""
+        def run(concurrency: int, seed: int, out):
+            calls.append(out.name)
+            return _waited(_runner(concurrency, seed, out), 30.0 if len(calls) <= times else 2.0)
+        return run
+
+    calls, said = [], []
+    got = retry_busy(busy_first(2, calls), 2, said.append)(5, 1, tmp_path / "c5")
+    assert got == tmp_path / "c5" and calls == ["c5"] * 3 and len(said) == 2
+    assert (tmp_path / "c5-busy1" / "run.json").exists()
+    assert (tmp_path / "c5-busy2" / "run.json").exists()
+    assert "machine busy" in said[0] and "c5-busy1" in said[0]
+    calls = []
+    retry_busy(busy_first(0, calls), 5, said.append)(4, 1, tmp_path / "c4")
+    assert calls == ["c4"] and not list(tmp_path.glob("c4-busy*"))
+    calls = []
+    got = retry_busy(busy_first(9, calls), 0, said.append)(2, 1, tmp_path / "c2")
+    assert calls == ["c2"] and not list(tmp_path.glob("c2-busy*"))
+    calls = []
+    retry_busy(busy_first(9, calls), 1, said.append)(3, 1, tmp_path / "c3")  # still busy
+    assert calls == ["c3"] * 2
+    assert sorted(p.name for p in tmp_path.glob("c3*")) == ["c3", "c3-busy1"]
+    with pytest.raises(ValueError, match="--busy-retries -1: must be >= 0"):
+        retry_busy(busy_first(0, []), -1)
 
 
 def test_a_recorded_grid_is_fitted_and_predicted_again_without_measuring(tmp_path, capsys):
