@@ -116,6 +116,12 @@ def _run_conditions(run: Path) -> dict:
             "busy": wait is not None and wait > BUSY_WAIT_S_PER_S}
 
 
+def _busy_note(cond: dict) -> str:
+    """What a busy run's progress line says about its machine (`_run_conditions`)."""
+    return (f"machine busy: a server process waited {cond['server_wait_s_per_s']:.1f} s per s "
+            "for a CPU")
+
+
 def run_grid(spec: GridSpec, runner: Runner, out: Path, model: str,
              progress: Callable[[str], None] = print) -> pd.DataFrame:
     """Measure and predict the grid (module docstring); returns the tidy table."""
@@ -149,9 +155,8 @@ def run_grid(spec: GridSpec, runner: Runner, out: Path, model: str,
             progress(f"grid {model}: seed {seed} concurrency {conc} "
                      + ("repeated" if role == "repeat" else "done")
                      + (" (server drifting)" if cond["drifting"] else "")
-                     + (f" (machine busy: a server process waited "
-                        f"{cond['server_wait_s_per_s']:.1f} s per s for a CPU; the run measures "
-                        "that load, not the server)" if cond["busy"] else ""))
+                     + (f" ({_busy_note(cond)}; the run measures that load, not the server)"
+                        if cond["busy"] else ""))
     return pd.DataFrame(rows)
 
 
@@ -333,8 +338,7 @@ def retry_busy(runner: Runner, retries: int, progress: Callable[[str], None] = p
                 break
             kept = got.with_name(f"{got.name}-busy{k}")
             got.rename(kept)
-            progress(f"seed {seed} concurrency {concurrency}: machine busy (a server process "
-                     f"waited {cond['server_wait_s_per_s']:.1f} s per s for a CPU): measuring "
+            progress(f"seed {seed} concurrency {concurrency}: {_busy_note(cond)}: measuring "
                      f"it again, the busy run kept as {kept.name}")
             got = runner(concurrency, seed, out)
         return got
