@@ -22,13 +22,14 @@ def describe_fields(err: ValidationError, prefix: str = "") -> list[str]:
     for e in err.errors():
         parts = [prefix] if prefix else []
         where = ".".join([*parts, *(f"[{p}]" if isinstance(p, int) else str(p)
-                                    for p in e["loc"])]).replace(".[", "[") or "(run)"
+                                    for p in e["loc"])]).replace(".[", "[")
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key; remove it or check its spelling"
         elif e["type"] == "missing":
             msg = "required field is missing"
-        out.append(f"  {where}: {msg}")
+        # a rule across fields (no location) names its fields itself
+        out.append(f"  {where}: {msg}" if where else f"  {msg}")
     return out
 
 

@@ -7,6 +7,7 @@ that names the field.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -649,12 +650,14 @@ class RunConfig(StrictModel):
                 and dec.gpus <= m.draft.num_routed_experts:
             raise ValueError(
                 f"deployment.{where}decode.gpus={dec.gpus}: draft model's "
-                f"{m.draft.num_routed_experts} experts cannot be spread over it")
+                f"{m.draft.num_routed_experts} experts cannot be spread over it; "
+                f"{_widths_for(experts, m.draft.num_routed_experts)}")
         if g.colocated_instances and m.draft is not None and \
                 m.draft.num_routed_experts % col.gpus and col.gpus <= m.draft.num_routed_experts:
             raise ValueError(
                 f"deployment.{where}colocated.gpus={col.gpus}: draft model's "
-                f"{m.draft.num_routed_experts} experts cannot be spread over it")
+                f"{m.draft.num_routed_experts} experts cannot be spread over it; "
+                f"{_widths_for(experts, m.draft.num_routed_experts)}")
         for role, n, spec in (("decode", dec.instances, dec.speculative),
                               ("colocated", g.colocated_instances,
                                col.speculative if col is not None else None)):
@@ -694,6 +697,13 @@ class RunConfig(StrictModel):
             "prefill": group.prefill, "decode": group.decode, "colocated": group.colocated,
             "groups": None, "racks": 1})
         return self.model_copy(update={"deployment": dep})
+
+
+def _widths_for(experts: int, draft_experts: int) -> str:
+    """The fix for a width that spreads the target's experts but not the draft's."""
+    both = math.gcd(experts, draft_experts)
+    widths = ", ".join(str(w) for w in range(2, both + 1) if both % w == 0)
+    return f"pick a width that divides both {experts} and {draft_experts} ({widths})"
 
 
 def fits_domains(widths: list[int], domain_gpus: int, domains: int) -> bool:

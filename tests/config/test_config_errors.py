@@ -16,6 +16,10 @@ from rackSim.config import ConfigError, compose_scenario
     # experts that cannot be spread over the EP width
     (["deployment.decode.gpus=5"], ["deployment.decode.gpus=5", "384", "divides"]),
     (["deployment.eplb.redundant_experts=1"], ["385", "EP ranks"]),
+    # the target's experts spread, the draft's do not: the widths that spread both
+    (["deployment.decode.gpus=48"],
+     ["deployment.decode.gpus=48", "draft model's 128", "divides both 384 and 128",
+      "(2, 4, 8, 16, 32, 64, 128)"]),
     # more GPUs than the racks hold
     (["deployment.prefill.instances=40"], ["84 GPUs", "racks=1", "72"]),
     # weights plus one full-context request do not fit in HBM
@@ -53,6 +57,13 @@ def test_bad_scenarios_name_the_field(overrides, expect):
     msg = str(err.value)
     for part in expect:
         assert part in msg, msg
+
+
+def test_a_rule_across_fields_is_printed_as_its_own_message():
+    """A cross-field rule has no location of its own: its message leads its line."""
+    with pytest.raises(ConfigError) as err:
+        compose_scenario(["experiment=smoke", "deployment.decode.gpus=5"])
+    assert str(err.value).splitlines()[1].startswith("  deployment.decode.gpus=5: ")
 
 
 def test_hydra_rejects_unknown_override_key():
