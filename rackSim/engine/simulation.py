@@ -108,6 +108,7 @@ class Simulation:
         if cfg.workload.timestamped:
             schedule = OpenLoopSchedule.from_spec(sessions, cfg.workload.open_loop,
                                                   replay.warmup_s + replay.window_s)
+            schedule.require_arrival_after(replay.warmup_s)
             self.phases = OpenLoopPhases(replay)
             self.clients = TraceClients(env, schedule, self.phases, self._submit, self.records)
         else:

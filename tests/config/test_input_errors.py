@@ -79,18 +79,27 @@ def _racksim(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-@pytest.mark.parametrize("case", ["key", "profile", "pool", "trace"])
+@pytest.mark.parametrize("case", ["key", "profile", "pool", "trace", "silent window"])
 def test_racksim_ends_in_one_line_and_the_class_code(case, tmp_path):
+    rows = [(0, 500), (1000, 400), (300_000, 500)]  # ms, tokens; nothing from 1 to 300 s
     files = {"profile": ("p.yaml", "format: x\n"),
              "pool": ("pool.jsonl", '{"format": "racksim-workload", "version": 1}\n{"sess\n'),
-             "trace": ("t.jsonl", '{"timestamp": 1, "input_length": -3}\n')}
+             "trace": ("t.jsonl", '{"timestamp": 1, "input_length": -3}\n'),
+             "silent window": ("t.jsonl", "".join(
+                 f'{{"timestamp": {t}, "input_length": {n}, "output_length": 20, '
+                 f'"hash_ids": [{t}]}}\n' for t, n in rows))}
     overrides, code = {
         "key": (["deployment.decode.gpuz=3"], ScenarioError.exit_code),
         "profile": ([f"perf.profile={tmp_path / 'p.yaml'}"], ProfileInputError.exit_code),
         "pool": (["workload=imported_logs", f"workload.path={tmp_path / 'pool.jsonl'}"],
                  PoolInputError.exit_code),
         "trace": (["workload=mooncake_conversation", f"workload.path={tmp_path / 't.jsonl'}"],
-                  TraceInputError.exit_code)}[case]
+                  TraceInputError.exit_code),
+        # a trace that sends nothing in the measurement window: refused, not reported as zeros
+        "silent window": (["workload=mooncake_conversation",
+                           f"workload.path={tmp_path / 't.jsonl'}", "workload.replay.warmup_s=10",
+                           "workload.replay.window_s=60", "+workload.open_loop.jitter_s=0"],
+                          ScenarioError.exit_code)}[case]
     if case in files:
         name, text = files[case]
         (tmp_path / name).write_text(text)
@@ -100,6 +109,13 @@ def test_racksim_ends_in_one_line_and_the_class_code(case, tmp_path):
     assert lines[0].startswith("racksim: ") and "Traceback" not in p.stderr
     assert "HYDRA_FULL_ERROR" not in p.stderr
     assert not (tmp_path / "run" / "summary.json").exists()
+    if case == "silent window":
+        assert lines[0] == (
+            "racksim: workload.replay.window_s=60: no request of the trace arrives in the "
+            "measurement window (10-70 s of the replay, after the 10-s warm-up; the last "
+            "arrival before it is at 1.0 s, the next after it at 300.0 s); widen the window, "
+            "or move it with workload.open_loop.offset_s (trace seconds skipped) or "
+            "workload.open_loop.speedup")
 
 
 def test_racksim_workload_describe_uses_the_class_codes(tmp_path, capsys):

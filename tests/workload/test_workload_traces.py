@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rackSim.config.errors import ScenarioError
 from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, path_blocks
 from rackSim.workload.jsonl import WorkloadFormatError, load_jsonl, save_jsonl
 from rackSim.workload.open_loop import OpenLoopSchedule, OpenLoopSpec
@@ -203,6 +204,23 @@ def test_open_loop_schedule_orders_speeds_up_and_windows() -> None:
     assert len(sched) == 2 and sched.duration_s == 1.5
     full = OpenLoopSchedule.from_spec(graphs, OpenLoopSpec(offset_s=0.5), window_s=100.0)
     assert [t for t, _ in full] == [0.5, 2.5, 4.5, 6.5, 8.5]
+
+
+def test_a_window_no_request_arrives_in_is_refused() -> None:
+    graphs = _timed([0.0, 4.0, 30.0, 31.0])
+    OpenLoopSchedule(graphs, window_s=40.0).require_arrival_after(10.0)  # 30 and 31 are in
+    OpenLoopSchedule(graphs, window_s=31.0).require_arrival_after(30.0)  # the window's start
+    with pytest.raises(ScenarioError, match=r"window_s=15: no request .* \(5-20 s of the "
+                       r"replay, after the 5-s warm-up; the last arrival before it is at 4\.0 "
+                       r"s, the next after it at 30\.0 s\)"):
+        OpenLoopSchedule(graphs, window_s=20.0).require_arrival_after(5.0)
+    with pytest.raises(ScenarioError, match=r"window_s=10: .*no arrival after it\)"):
+        OpenLoopSchedule(graphs, window_s=42.0).require_arrival_after(32.0)
+    # the offset skips the whole trace: nothing before the window, nothing after it
+    with pytest.raises(ScenarioError, match=r"warm-up; no arrival after it\); widen"):
+        OpenLoopSchedule(graphs, offset_s=50.0, window_s=10.0).require_arrival_after(0.0)
+    # sped up 10x, the arrival at trace 30 s is sent at 3 s
+    OpenLoopSchedule(graphs, speedup=10.0, window_s=4.0).require_arrival_after(1.0)
 
 
 def test_open_loop_needs_timestamps() -> None:
