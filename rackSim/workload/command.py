@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -110,10 +111,10 @@ def print_table(stats: WorkloadStats) -> None:
             ("first / peak prompt per session (p50)",
              f"{s['first_prompt_tokens_p50']:,.0f} / {s['peak_prompt_tokens_p50']:,.0f}"),
             ("context growth per turn (mean / p50)",
-             f"{s['context_growth_tokens_per_turn_mean']:,.0f} / "
-             f"{s['context_growth_tokens_per_turn_p50']:,.0f}"),
+             f"{_value(s['context_growth_tokens_per_turn_mean'], ',.0f')} / "
+             f"{_value(s['context_growth_tokens_per_turn_p50'], ',.0f')}"),
             ("delay before a request, s (mean / p50 / p90)",
-             f"{s['delay_s_mean']:.2f} / {s['delay_s_p50']:.2f} / {s['delay_s_p90']:.2f}")]
+             " / ".join(_value(s[f"delay_s_{q}"], ".2f") for q in ("mean", "p50", "p90")))]
     rows += [(f"prefix reuse, LRU {k.removeprefix('reuse_lru_')} tokens", f"{v:.1%}")
              for k, v in s.items() if k.startswith("reuse_lru_")]
     rows += [("sessions with subagents", s["sessions_with_subagents"]),
@@ -127,6 +128,12 @@ def print_table(stats: WorkloadStats) -> None:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+
+
+def _value(v: float, fmt: str) -> str:
+    """`v` formatted, or 'n/a' where the workload has none (one-request sessions have no
+    later turns, so no growth and no delay)."""
+    return "n/a" if math.isnan(v) else format(v, fmt)
 
 
 def _import_parser() -> argparse.ArgumentParser:

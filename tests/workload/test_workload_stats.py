@@ -153,6 +153,25 @@ def test_command_writes_summary_csv_plot_and_jsonl(tmp_path: Path, capsys) -> No
     assert f"requests{' ' * 5}" in capsys.readouterr().out
 
 
+def test_one_request_sessions_have_no_growth_or_delay(tmp_path: Path, capsys) -> None:
+    """A trace's sessions are one request each: growth and delay are absent, not zero."""
+    graphs = [SessionGraph(f"s{i}", (RequestSpec(0, None, 0, 100 + i, 5),), float(i))
+              for i in range(3)]
+    s = describe(graphs).summary
+    for key in ("context_growth_tokens_per_turn_mean", "context_growth_tokens_per_turn_p50",
+                "delay_s_mean", "delay_s_p50", "delay_s_p90"):
+        assert np.isnan(s[key]), key
+    csv = tmp_path / "t.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03,480,10\n"
+                   "2023-11-16 18:17:04,318,8\n")
+    assert main(["--azure", str(csv), "--no-plot"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    row = {label: next(x for x in out if x.startswith(label))[len(label):].strip()
+           for label in ("context growth per turn", "delay before a request")}
+    assert row["context growth per turn"].split() == ["(mean", "/", "p50)", "n/a", "/", "n/a"]
+    assert row["delay before a request"].split()[-5:] == ["n/a", "/", "n/a", "/", "n/a"]
+
+
 def test_command_scenario_with_agentx_source(tmp_path: Path, capsys) -> None:
     f = tmp_path / "w.yaml"
     f.write_text("name: x\nsource: agentx\nnum_sessions: 3\nagentx:\n  subagent_prob: 0.0\n")
