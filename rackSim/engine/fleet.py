@@ -39,7 +39,8 @@ class Rack:
 
     `work` is the prefill work the global router has sent here and not yet seen prefilled
     (uncached tokens, as estimated when routed); `work_per_gpu` divides it by the rack's
-    prefill GPUs, the load the global router compares across racks."""
+    prefill GPUs, the load the global router compares across racks, and `decode_occupancy`
+    (the share of its decode slots in use) breaks its ties."""
 
     index: int
     group: str
@@ -56,6 +57,14 @@ class Rack:
     @property
     def work_per_gpu(self) -> float:
         return self.work / self.prefill_gpus if self.prefill_gpus else float("inf")
+
+    @property
+    def decode_occupancy(self) -> float:
+        """Share of the rack's decode (or colocated) slots holding a request, running or
+        placed; 0 for a rack without any."""
+        insts = self.decodes or self.colocated
+        slots = sum(i.ranks * i.max_seqs for i in insts)
+        return 1.0 - sum(i.free_slots for i in insts) / slots if slots else 0.0
 
 
 @dataclass

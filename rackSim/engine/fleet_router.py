@@ -7,7 +7,9 @@ Rack choice (`deployment.fleet_router.policy`), recorded in `RequestRecord.route
 
 - round_robin: entry racks in turn (`round_robin`).
 - least_work: the entry rack with the least outstanding prefill work per prefill GPU
-  (`least_work`).
+  (`least_work`); among racks with equal work (at light load every queue is empty), the one
+  whose decode slots are least occupied, so that new sessions do not all land in the
+  first rack.
 - session_affinity: a session's requests go to its home rack, the rack of its first request
   (`affinity`); a new session starts in the least-work entry rack (`new_session`).
 - prefix_affinity: the home rack, unless the least-work other rack's work plus this whole
@@ -77,7 +79,7 @@ class FleetRouter:
         self._last_prefill[key] = (rack, prefill)
 
     def _least_work(self, racks: list[Rack]) -> Rack:
-        return min(racks, key=_work)
+        return min(racks, key=_load)
 
     def _pick(self, job: Job) -> tuple[Rack, str]:
         policy = self.spec.policy
@@ -103,7 +105,7 @@ class FleetRouter:
         return self._prefix_choice(job, key, home)
 
     def _prefix_choice(self, job: Job, key: int, home: Rack) -> tuple[Rack, str]:
-        other = min((r for r in self.prefilling if r is not home), key=_work, default=None)
+        other = min((r for r in self.prefilling if r is not home), key=_load, default=None)
         if other is None:
             return home, "prefix_home"
         last_rack, last = self._last_prefill.get(key, (None, None))
@@ -140,8 +142,8 @@ class FleetRouter:
         return rank, hit
 
 
-def _work(rack: Rack) -> float:
-    return rack.work_per_gpu
+def _load(rack: Rack) -> tuple[float, float]:
+    return rack.work_per_gpu, rack.decode_occupancy
 
 
 def _free(inst: DecodeInstance) -> int:
