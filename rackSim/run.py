@@ -22,7 +22,7 @@ import pandas as pd
 
 from rackSim.config.specs import DeploymentSpec, RunConfig
 from rackSim.engine.simulation import Simulation
-from rackSim.metrics.summary import FleetLayout, Result, summarize, window_steps
+from rackSim.metrics.summary import FleetLayout, Result, summarize, window_mask
 from rackSim.perf.step import COMPONENTS
 from rackSim.report.files import write_result
 from rackSim.workload.graph import SessionGraph
@@ -60,8 +60,8 @@ def decode_width(dep: DeploymentSpec) -> int:
 
 def decode_breakdown_ms(steps: pd.DataFrame, t0: float) -> dict[str, float]:
     """Mean decode step time and its components over the window, as `decode_<part>_ms`."""
-    dec = window_steps(steps, t0, "decode")
     cols = {"decode_step_ms": "duration_ms", **{f"decode_{c}_ms": f"{c}_ms" for c in COMPONENTS}}
+    dec = steps.loc[window_mask(steps, t0, "decode"), list(cols.values())]  # these columns only
     return {k: float(dec[c].mean()) if len(dec) else math.nan for k, c in cols.items()}
 
 

@@ -96,11 +96,16 @@ def steps_frame(rows: list[tuple] | StepLog) -> pd.DataFrame:
     return pd.DataFrame.from_records(rows, columns=list(STEP_COLUMNS))
 
 
-def window_steps(steps: pd.DataFrame, t0: float, role: str) -> pd.DataFrame:
-    """The steps started from `t0` (the window's start, s) of the instances of `role`
+def window_mask(steps: pd.DataFrame, t0: float, role: str) -> pd.Series:
+    """Which steps started from `t0` (the window's start, s) on the instances of `role`
     ("decode", "prefill" or "colocated": named `role` or `role-<n>`)."""
     name = steps["instance"]
-    return steps[((name == role) | name.str.startswith(role + "-")) & (steps["start_s"] >= t0)]
+    return ((name == role) | name.str.startswith(role + "-")) & (steps["start_s"] >= t0)
+
+
+def window_steps(steps: pd.DataFrame, t0: float, role: str) -> pd.DataFrame:
+    """The rows of `window_mask`."""
+    return steps[window_mask(steps, t0, role)]
 
 
 def itl_from_token_times(records: Records, t0: float, t1: float
@@ -214,9 +219,10 @@ def fleet_tables(df: pd.DataFrame, steps: pd.DataFrame, layout: FleetLayout, t0:
             if len(mine) else math.nan,
             "sessions_moved_in": int(mine["route"].str.match("spill|prefix_moved").sum()),
         })
-    win_steps = steps[(steps["start_s"] >= t0) & (steps["start_s"] < t1)]
+    in_window = (steps["start_s"] >= t0) & (steps["start_s"] < t1)
+    durations = steps.loc[in_window, ["instance", "duration_ms"]]  # all a group needs
     inst = []
-    for name, g in win_steps.groupby("instance", sort=False):
+    for name, g in durations.groupby("instance", sort=False)["duration_ms"]:
         decode = name in layout.decode_itl  # decode and colocated instances emit tokens
         role = name.rpartition("-")[0] or name  # "decode" alone is the only decode instance
         index = int(name.rpartition("-")[2]) if "-" in name else 0
@@ -224,8 +230,8 @@ def fleet_tables(df: pd.DataFrame, steps: pd.DataFrame, layout: FleetLayout, t0:
                  == index).sum())
         row = {"instance": name, "role": role,
                "rack": layout.instance_racks[name], "steps": len(g),
-               "busy_share": float(g["duration_ms"].sum()) / 1e3 / window,
-               "step_ms_mean": float(g["duration_ms"].mean()), "requests": n}
+               "busy_share": float(g.sum()) / 1e3 / window,
+               "step_ms_mean": float(g.mean()), "requests": n}
         if decode:
             h = layout.decode_itl[name]
             row.update(itl_p90_ms=h.percentile(90), interactivity_tok_s=_interactivity(h))
