@@ -86,15 +86,16 @@ def balanced_placement(load: np.ndarray, ranks: int, redundant: int = 0
     flat = open_load.reshape(-1)
     filled = np.zeros(layers * ranks, dtype=int)
     picked = np.empty((slots, layers), dtype=int)  # rank of the j-th hottest slot per layer
-    for j in range(slots):
-        r = open_load.argmin(axis=1)
-        picked[j] = r
+    # a rank's load gains +inf with its last free slot (0.0 before: its sums stay exact)
+    closing = np.zeros(cap + 1)
+    closing[cap] = np.inf
+    argmin = open_load.argmin
+    for j, slot_load in enumerate(sorted_load):  # one NumPy pass per slot, all layers at once
+        r = picked[j] = argmin(axis=1)
         at = base + r
-        flat[at] += sorted_load[j]
-        filled[at] += 1
-        full = at[filled[at] == cap]
-        if full.size:
-            flat[full] = np.inf
+        count = filled[at] + 1
+        filled[at] = count
+        flat[at] = flat[at] + slot_load + closing[count]
     rank_of_slot = np.empty((layers, slots), dtype=int)
     np.put_along_axis(rank_of_slot, order, picked.T, axis=1)
     return expert_of_slot, rank_of_slot

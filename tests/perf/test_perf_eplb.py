@@ -93,6 +93,41 @@ def test_no_redundancy_bound(seed: int, ranks: int, sigma: float) -> None:
     assert _balancedness(load, eos, ros, ranks) <= k * off + 1e-12
 
 
+def _greedy_one_layer(slot_load: list[float], ranks: int) -> list[int]:
+    """Reference packing of one layer, slot by slot: hottest first (stable), onto the
+    least-loaded rank with a free slot (the lowest such rank on a tie)."""
+    cap = len(slot_load) // ranks
+    load, filled = [0.0] * ranks, [0] * ranks
+    rank_of = [0] * len(slot_load)
+    for s in sorted(range(len(slot_load)), key=lambda i: -slot_load[i]):
+        r = min((r for r in range(ranks) if filled[r] < cap), key=lambda r: load[r])
+        rank_of[s] = r
+        load[r] += slot_load[s]
+        filled[r] += 1
+    return rank_of
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), layers=st.integers(1, 4),
+       ranks_experts=st.sampled_from([(2, 4), (4, 16), (8, 32), (4, 8)]),
+       redundant_per_rank=st.integers(0, 2), ties=st.booleans())
+def test_packing_is_the_per_layer_greedy(seed, layers, ranks_experts, redundant_per_rank,
+                                         ties) -> None:
+    """The placement's packing (all layers at once, +inf on a full rank) is exactly the
+    plain greedy run layer by layer, ties included (loads drawn from a few values)."""
+    ranks, experts = ranks_experts
+    rng = np.random.default_rng(seed)
+    load = (rng.integers(1, 4, (layers, experts)).astype(float) if ties
+            else np.exp(rng.standard_normal((layers, experts))))
+    redundant = redundant_per_rank * ranks
+    eos, ros = balanced_placement(load, ranks, redundant)
+    counts = np.zeros((layers, experts))
+    for layer in range(layers):
+        np.add.at(counts[layer], eos[layer], 1.0)
+        slot_load = [load[layer, e] / counts[layer, e] for e in eos[layer]]
+        assert ros[layer].tolist() == _greedy_one_layer(slot_load, ranks)
+
+
 class _KeepsEveryEpoch(EplbState):
     """Reference: remembers every epoch's load (the last `window_steps // epoch_steps`)."""
 
