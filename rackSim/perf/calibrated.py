@@ -193,6 +193,8 @@ class CalibratedStepModel:
         optimised = bool(p.setting("admission_optimised", True))
         self._admit_ns = p.value("admission_ns_per_token" if optimised
                                  else "admission_ns_per_token_baseline")
+        self._admit_us_request = d.decode.admission_us_per_request
+        self._admit_us_block = d.decode.admission_us_per_block
         self.allreduce = allreduce or d.allreduce
         dp_ranks = self.ranks // self.tp
         self._sync_ms = allreduce_ms(self.allreduce, dp_ranks, p.value("allreduce_call_ms"),
@@ -416,7 +418,9 @@ class CalibratedStepModel:
             cost = self._decode_tp(batch, 0.0)
             gpu = cost.total_ms - cost.sync - cost.straggler
             return replace(cost, cpu=self._decode_cpu_ms(batch, gpu))
-        b_t, b_d = self.balancedness(batch.step_index)
+        step = batch.step_index
+        # no EPLB epoch starts before `_b_until`: most steps need not ask `balancedness`
+        b_t, b_d = self._b if step < self._b_until else self.balancedness(step)
         self.last_balancedness = b_t
         key = (total, q, b_t, b_d, n)
         cached = self._cache.get(key)
@@ -427,7 +431,7 @@ class CalibratedStepModel:
                 self._cache.clear()
             self._cache[key] = cached
         moe, comm, draft = cached
-        moe += self._eplb_overhead_ms(batch.step_index)
+        moe += self._eplb_overhead_ms(step)
         wr, wc = self._busiest_rank(reqs, ctxs, q)
         a = self.attn
         attention = a.decode_attention_ms(wr, wc, q)
@@ -448,9 +452,8 @@ class CalibratedStepModel:
         adm = batch.rank_admissions
         if not adm and (batch.new_loads or batch.admitted_prompt_tokens):
             adm = ((batch.new_loads, batch.admitted_prompt_tokens, 0),)
-        d = self.cfg.deployment.decode
         return exposed_cpu_ms(self._cpu_step_ms, adm, gpu_ms, self._admit_ns,
-                              d.admission_us_per_request, d.admission_us_per_block)
+                              self._admit_us_request, self._admit_us_block)
 
     def _rank_terms(self, q: int) -> tuple[float, ...]:
         """Per-rank work terms at `q` query tokens per request, cached per q:
