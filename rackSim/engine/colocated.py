@@ -65,7 +65,8 @@ class ColocatedInstance(DecodeInstance):
                  max_seqs_per_rank: int, accepted: float, draft_tokens: int,
                  caches: list[TieredPrefixCache], model: StepModel, kv_bytes_per_token: float,
                  itl: LatencyHistogram, in_window: Callable[[float], bool], trace_tokens: bool,
-                 on_prefilled: Callable[[Job], None], on_step: Callable[..., None],
+                 on_prefilled: Callable[[Job], None],
+                 step_writer: Callable[[str, StepModel], Callable[..., None]],
                  rack: int = 0, block_tokens: int = BLOCK_TOKENS, api_delay_s: float = 0.0,
                  output_delay_s: float = 0.0, reuse_outputs: bool = True,
                  intake_stall_ms: float = 0.0, intake_stall_per_token_ms: float = 0.0):
@@ -74,7 +75,7 @@ class ColocatedInstance(DecodeInstance):
                              f"{BLOCK_TOKENS}, the simulator's KV block")
         super().__init__(env, ranks, max_seqs_per_rank, None, accepted, draft_tokens,
                          [c.gpu for c in caches], model, kv_bytes_per_token, None, itl,
-                         in_window, trace_tokens, on_step, name=f"colocated-{index}",
+                         in_window, trace_tokens, step_writer, name=f"colocated-{index}",
                          index=index, rack=rack)
         self.tiers = caches
         self.budget, self.block = token_budget, block_tokens
@@ -219,7 +220,7 @@ class ColocatedInstance(DecodeInstance):
 
     # -- the step loop -------------------------------------------------------------------------
     def _loop(self):
-        env, model, on_step, name = self.env, self.model, self.on_step, self.name
+        env, model, write_step = self.env, self.model, self.write_step
         a, draft_tokens, running = self.a, self.draft_tokens, self.running
         q = 1 + draft_tokens
         while True:
@@ -247,9 +248,9 @@ class ColocatedInstance(DecodeInstance):
             end = env.now
             entered = self._prefilled(chunks, step, end)
             emitted, retiring = self._emit(step, entered, dur, end)
-            on_step(name, step, start, cost, prefill.num_requests, prefill.new_tokens,
-                    n_decoding, emitted - len(entered),
-                    sum(self.ctx) + prefill.attended_tokens, len(entered))
+            write_step(step, start, cost, prefill.num_requests, prefill.new_tokens, n_decoding,
+                       emitted - len(entered), sum(self.ctx) + prefill.attended_tokens,
+                       len(entered))
             self._advance(end, retiring)
 
 

@@ -59,7 +59,9 @@ class DecodeInstance:
                  caches: list[BlockCache], model: StepModel, kv_bytes_per_token: float,
                  read_stall_ms: Callable[[Iterable[tuple[int, float, int, float]]], float] | None,
                  itl: LatencyHistogram, in_window: Callable[[float], bool],
-                 trace_tokens: bool, on_step: Callable[..., None], name: str = "decode",
+                 trace_tokens: bool,
+                 step_writer: Callable[[str, StepModel], Callable[..., None]],
+                 name: str = "decode",
                  index: int = 0, rack: int = 0, rank_offset: int = 0):
         self.env, self.ranks = env, ranks
         #: its name in step rows, its number and its rack's in the fleet, and the fleet-wide
@@ -73,7 +75,8 @@ class DecodeInstance:
         #: blocks, remote bytes) each
         self.read_stall_ms = read_stall_ms
         self.itl, self.in_window = itl, in_window
-        self.trace_tokens, self.on_step = trace_tokens, on_step
+        self.trace_tokens = trace_tokens
+        self.write_step = step_writer(name, model)  # StepLog.writer
         self.ready: deque[Job] = deque()
         self.n_req = [0] * ranks
         self.pending = [0] * ranks  # placed on the rank, KV not admitted yet
@@ -83,6 +86,9 @@ class DecodeInstance:
         self._active: set[int] = set()  # ranks with running requests (ctx 0.0 elsewhere)
         self.running: dict[int, Job] = {}
         self._finish: dict[int, list[Job]] = {}
+        #: a request retired since the last step was priced: the next one is priced afresh
+        #: (`decode_step`), not as a repeat of the last batch (`decode_repeat`)
+        self._regrouped = False
         self.step = 0
         self._wake: simpy.Event | None = None
         self._affinity: dict[int, int] = {}  # session key base -> rank it last used
@@ -262,7 +268,8 @@ class DecodeInstance:
         step thus sees what it would have seen as its own timeout, to the bit: nothing else
         runs in between, and its start is the previous end."""
         env, a, draft_tokens = self.env, self.a, self.draft_tokens
-        model, on_step, name = self.model, self.on_step, self.name
+        write_step, price, again = (self.write_step, self.model.decode_step,
+                                    self.model.decode_repeat)
         running, ready, n_req, finish = self.running, self.ready, self.n_req, self._finish
         peek, emit, advance = env.peek, self._emit, self._advance
         no_jobs: list[Job] = []
@@ -286,7 +293,11 @@ class DecodeInstance:
             n_admitted = len(admitted)
             batch = DecodeBatch(n_req, self.ctx, a, draft_tokens, n_admitted, prompt_tokens,
                                 step, by_rank)
-            cost = model.decode_step(batch)
+            if admitted or self._regrouped:
+                self._regrouped = False
+                cost = price(batch)
+            else:  # the same requests as the last step: only their contexts grew
+                cost = again(batch)
             if stall_ms > 0:
                 cost = cost.with_kv_stall(stall_ms)
             dur = cost.total_ms / 1e3
@@ -295,8 +306,7 @@ class DecodeInstance:
                 yield wake_at(env, end)
             n_running = len(running)
             emitted, retiring = emit(step, admitted, dur, end)
-            on_step(name, step, clock, cost, 0, 0, n_running, emitted, sum(self.ctx),
-                    n_admitted)
+            write_step(step, clock, cost, 0, 0, n_running, emitted, sum(self.ctx), n_admitted)
             advance(end, retiring)
             clock = end
 
@@ -320,6 +330,7 @@ class DecodeInstance:
         else:
             ctx[r] -= job.prompt_tokens + self.a * job.steps
         del self.running[id(job)]
+        self._regrouped = True
         self.caches[r].unpin(job.path)
         self._affinity[job.inst.key_base] = r
         rec = job.rec

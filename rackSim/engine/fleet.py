@@ -74,8 +74,6 @@ class Fleet:
     decodes: list[DecodeInstance]
     colocated: list[ColocatedInstance]
     transfer: KvTransferChannel
-    #: step models by instance name (the step rows read EPLB balancedness from them)
-    models: dict[str, object]
     #: the rack of every instance, by name
     instance_racks: dict[str, int]
 
@@ -95,11 +93,12 @@ class _Seeds:
 
 
 def build_fleet(cfg: RunConfig, env: simpy.Environment,
-                on_prefilled: Callable, on_step: Callable, in_window: Callable[[float], bool],
+                on_prefilled: Callable, step_writer: Callable, in_window: Callable[[float], bool],
                 deliver: Callable, on_prompt_done: Callable) -> Fleet:
     """Every rack of `cfg.deployment`, wired to the simulation's callbacks (`on_prefilled`:
     a prefill instance computed a prompt, whose KV must move; `on_prompt_done`: a colocated
-    instance did, and decodes it itself)."""
+    instance did, and decodes it itself; `step_writer(name, model)`: the step-row writer of
+    each instance, `StepLog.writer`)."""
     d, m, hw = cfg.deployment, cfg.model, cfg.hardware
     groups = d.rack_groups
     one_decode = d.num_racks == 1 and groups[0].decode.instances == 1
@@ -107,7 +106,6 @@ def build_fleet(cfg: RunConfig, env: simpy.Environment,
     block_bytes = BLOCK_TOKENS * m.kv_bytes_per_token
     eff = d.kv_transfer.efficiency * hw.nvlink_bw_bytes_s
     nic = hw.nic_bw_bytes_s or 0.0
-    models: dict[str, object] = {}
     instance_racks: dict[str, int] = {}
     racks: list[Rack] = []
     prefills: list[PrefillInstance] = []
@@ -126,14 +124,14 @@ def build_fleet(cfg: RunConfig, env: simpy.Environment,
             k = len(racks)
             if g.colocated_instances:
                 rack = _colocated_rack(gcfg, g, env, k, len(colocated), seeds, block_bytes,
-                                       models, on_prompt_done, on_step, in_window)
+                                       on_prompt_done, step_writer, in_window)
                 for inst in rack.colocated:
                     instance_racks[inst.name] = k
                 colocated.extend(rack.colocated)
                 racks.append(rack)
                 continue
-            rack_prefills = _prefills(gcfg, g, env, len(prefills), seeds, block_bytes, models,
-                                      on_prefilled, on_step)
+            rack_prefills = _prefills(gcfg, g, env, len(prefills), seeds, block_bytes,
+                                      on_prefilled, step_writer)
             for p in rack_prefills:
                 out_ends.append(LinkEnd(k, pg, eff * pg))
                 instance_racks[p.name] = k
@@ -144,12 +142,12 @@ def build_fleet(cfg: RunConfig, env: simpy.Environment,
                 j = len(decodes)
                 name = "decode" if one_decode else f"decode-{j}"
                 itl = rack.itl[name] = LatencyHistogram()
-                models[name] = model = build_step_model(gcfg, "decode", seed=seeds.decode(j))
+                model = build_step_model(gcfg, "decode", seed=seeds.decode(j))
                 inst = DecodeInstance(
                     env, ranks, dec.max_num_seqs_per_rank, dec.kv_load_cap_per_step,
                     dec.speculative.accepted_tokens_per_step, dec.speculative.num_draft_tokens,
                     [BlockCache(d_blocks) for _ in range(ranks)], model, m.kv_bytes_per_token,
-                    None, itl, in_window, cfg.trace_tokens, on_step, name=name, index=j,
+                    None, itl, in_window, cfg.trace_tokens, step_writer, name=name, index=j,
                     rack=k, rank_offset=len(in_ends))
                 in_ends.extend(LinkEnd(k, per_rank, eff * dec.gpus / ranks)
                                for _ in range(ranks))
@@ -167,12 +165,12 @@ def build_fleet(cfg: RunConfig, env: simpy.Environment,
         for inst, local_bw, remote_bw in pull_links:
             inst.read_stall_ms = partial(transfer.read_stall_ms, local_bytes_s=local_bw,
                                          remote_bytes_s=remote_bw)
-    return Fleet(racks, prefills, decodes, colocated, transfer, models, instance_racks)
+    return Fleet(racks, prefills, decodes, colocated, transfer, instance_racks)
 
 
 def _colocated_rack(cfg: RunConfig, g: RackGroupSpec, env: simpy.Environment, k: int,
-                    first: int, seeds: _Seeds, block_bytes: float, models: dict[str, object],
-                    on_prompt_done: Callable, on_step: Callable,
+                    first: int, seeds: _Seeds, block_bytes: float,
+                    on_prompt_done: Callable, step_writer: Callable,
                     in_window: Callable[[float], bool]) -> Rack:
     """Rack `k` of a colocated group, its instances numbered from `first` across the fleet.
     Each DP rank (one per GPU for DEP, one per instance for TP) has the KV cache of its GPUs
@@ -187,21 +185,21 @@ def _colocated_rack(cfg: RunConfig, g: RackGroupSpec, env: simpy.Environment, k:
     out = []
     for j in range(first, first + col.instances):
         name = f"colocated-{j}"
-        models[name] = model = build_step_model(cfg, "colocated", seed=seeds.prefill(j))
+        model = build_step_model(cfg, "colocated", seed=seeds.prefill(j))
         itl[name] = hist = LatencyHistogram()
         out.append(ColocatedInstance(
             env, j, ranks, col.max_num_batched_tokens, col.max_num_seqs_per_rank,
             col.speculative.accepted_tokens_per_step, col.speculative.num_draft_tokens,
             [TieredPrefixCache(gpu_blocks, host_blocks) for _ in range(ranks)], model,
-            m.kv_bytes_per_token, hist, in_window, cfg.trace_tokens, on_prompt_done, on_step,
-            rack=k))
+            m.kv_bytes_per_token, hist, in_window, cfg.trace_tokens, on_prompt_done,
+            step_writer, rack=k))
     return Rack(k, g.name, [], [], Router(d.router, out), col.instances * col.gpus,
                 g.gpus_per_rack, itl=itl, colocated=out)
 
 
 def _prefills(cfg: RunConfig, g: RackGroupSpec, env: simpy.Environment, first: int,
-              seeds: _Seeds, block_bytes: float, models: dict[str, object],
-              on_prefilled: Callable, on_step: Callable) -> list[PrefillInstance]:
+              seeds: _Seeds, block_bytes: float,
+              on_prefilled: Callable, step_writer: Callable) -> list[PrefillInstance]:
     """The prefill instances of one rack, numbered from `first` across the fleet."""
     d, m = cfg.deployment, cfg.model
     pg = g.prefill.gpus_per_instance
@@ -210,9 +208,9 @@ def _prefills(cfg: RunConfig, g: RackGroupSpec, env: simpy.Environment, first: i
         if d.cache.host_offload else 0
     out = []
     for i in range(first, first + g.prefill.instances):
-        model = models[f"prefill-{i}"] = build_step_model(cfg, "prefill", seed=seeds.prefill(i))
+        model = build_step_model(cfg, "prefill", seed=seeds.prefill(i))
         out.append(PrefillInstance(
             env, i, pg, g.prefill.max_num_batched_tokens, g.prefill.max_num_seqs,
             TieredPrefixCache(p_blocks, host_blocks), model, m.kv_bytes_per_token,
-            on_prefilled=on_prefilled, on_step=on_step))
+            on_prefilled=on_prefilled, step_writer=step_writer))
     return out

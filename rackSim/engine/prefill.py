@@ -24,14 +24,15 @@ class PrefillInstance:
     def __init__(self, env: simpy.Environment, index: int, ranks: int, token_budget: int,
                  max_num_seqs: int, cache: TieredPrefixCache, model: StepModel,
                  kv_bytes_per_token: float, on_prefilled: Callable[[Job], None],
-                 on_step: Callable[..., None]):
+                 step_writer: Callable[[str, StepModel], Callable[..., None]]):
         self.env, self.index, self.ranks = env, index, ranks
         self.name = f"prefill-{index}"
         self.max_seqs = max_num_seqs
         self.step_tokens = token_budget * ranks
         self.cache, self.model = cache, model
         self.kv_bytes_per_token = kv_bytes_per_token
-        self.on_prefilled, self.on_step = on_prefilled, on_step
+        self.on_prefilled = on_prefilled
+        self.write_step = step_writer(self.name, model)  # StepLog.writer
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
         self.queued_tokens = 0  # prompt tokens still to compute, as estimated at submission
@@ -98,7 +99,7 @@ class PrefillInstance:
         return chunks, batch
 
     def _loop(self):
-        env, model, on_step, name = self.env, self.model, self.on_step, self.name
+        env, model, write_step = self.env, self.model, self.write_step
         timeout, event = env.timeout, env.event
         gpu = self.cache.gpu
         while True:
@@ -110,8 +111,8 @@ class PrefillInstance:
             start = env.now
             yield timeout(cost.total_ms / 1e3)
             self.steps += 1
-            on_step(name, self.steps, start, cost, batch.num_requests,
-                    batch.new_tokens, 0, 0, batch.attended_tokens, 0)
+            write_step(self.steps, start, cost, batch.num_requests, batch.new_tokens, 0, 0,
+                       batch.attended_tokens, 0)
             done = []
             queued = self.queued_tokens
             for job, n in chunks:

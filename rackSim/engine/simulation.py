@@ -16,7 +16,6 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from math import nan
 
 import simpy
 
@@ -26,8 +25,7 @@ from rackSim.engine.fleet import build_fleet
 from rackSim.engine.fleet_router import FleetRouter
 from rackSim.engine.request import Job
 from rackSim.metrics.histogram import LatencyHistogram
-from rackSim.metrics.records import RequestLog, RequestRecord, StepLog, step_row
-from rackSim.perf.step import StepBreakdown
+from rackSim.metrics.records import RequestLog, RequestRecord, StepLog
 from rackSim.workload.graph import BLOCK_TOKENS, RequestSpec, SessionGraph, SessionInstance
 from rackSim.workload.open_loop import OpenLoopSchedule
 from rackSim.workload.replay import ClosedLoopReplay, OpenLoopPhases
@@ -97,12 +95,11 @@ class Simulation:
         self.steps = StepLog()
         self._window_s = cfg.workload.replay.window_s
         self._kv_bytes_per_token = m.kv_bytes_per_token
-        fleet = build_fleet(cfg, env, self._prefilled, self._on_step, self._in_window,
+        fleet = build_fleet(cfg, env, self._prefilled, self.steps.writer, self._in_window,
                             deliver=lambda job: job.decode.deliver(job),
                             on_prompt_done=lambda job: self.router.prefilled(job))
         self.fleet, self.racks = fleet, fleet.racks
         self.prefills, self.decodes, self.transfer = fleet.prefills, fleet.decodes, fleet.transfer
-        self._models = fleet.models
         self.router = FleetRouter(d.fleet_router, fleet.racks, fleet.decodes)
         replay = cfg.workload.replay
         if cfg.workload.timestamped:
@@ -158,12 +155,6 @@ class Simulation:
     def _in_window(self, t: float) -> bool:
         start = self.phases.window_start_s
         return start is not None and start <= t < start + self._window_s
-
-    def _on_step(self, name: str, step: int, start: float, cost: StepBreakdown,
-                 p_req: int, p_tok: int, d_req: int, d_tok: float, ctx: float,
-                 loads: int) -> None:
-        self.steps.append(step_row(name, step, start, cost, p_req, p_tok, d_req, d_tok, ctx,
-                                   loads, getattr(self._models[name], "last_balancedness", nan)))
 
     # -- running ---------------------------------------------------------------------------
     def run(self, progress: bool = True, max_warmup_s: float | None = None) -> SimOutput:

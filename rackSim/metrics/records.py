@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import struct
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -213,14 +213,6 @@ STEP_COLUMNS: tuple[str, ...] = (
 """Columns of a step table; simulated rows fill all, measured rows leave unknowns NaN."""
 
 
-def step_row(name: str, step: int, start: float, cost: StepBreakdown, p_req: int, p_tok: int,
-             d_req: int, d_tok: float, ctx: float, loads: int, balancedness: float) -> tuple:
-    """One simulated step as a row of STEP_COLUMNS (`cost` in ms)."""
-    return (name, step, start, cost.total_ms, p_req, p_tok, d_req, d_tok, ctx, loads,
-            balancedness, cost.moe, cost.attention, cost.indexer, cost.dense, cost.comm,
-            cost.draft, cost.cpu, cost.sync, cost.straggler, cost.kv_stall)
-
-
 #: step columns that hold counts (int64 in a step table)
 STEP_INT_COLUMNS = ("step", "prefill_requests", "prefill_tokens", "decode_requests",
                     "new_loads")
@@ -230,31 +222,44 @@ class StepLog:
     """The step rows of a run, kept by column.
 
     A simulated hour of a large fleet has tens of millions of steps; as tuples of Python
-    objects they take ~600 bytes each, as columns 8 bytes per value. Rows are appended as
-    tuples of STEP_COLUMNS: the instance name becomes a code into `names`, the numbers go
-    straight into a float64 buffer (packed as one `struct` of doubles per row: 2.4x faster
-    than extending the array value by value), packed into a block every
-    `chunk` rows; `frame()` is the step table, iteration gives the rows back as tuples
-    (counts as floats)."""
+    objects they take ~600 bytes each, as columns 8 bytes per value. Each instance writes its
+    rows through its own `writer`: the instance name becomes a code into `names`, the numbers
+    go straight into a float64 buffer (packed as one `struct` of doubles per row: 2.4x faster
+    than extending the array value by value), packed into a block every `chunk` rows;
+    `frame()` is the step table, iteration gives the rows back as tuples."""
 
     def __init__(self, chunk: int = 1 << 16):
         self.chunk = chunk
         self.names: list[str] = []
-        self._code: dict[str, int] = {}
         self._buf = array("d")  # rows not packed yet, len(STEP_COLUMNS) values each
         self._row_bytes = struct.Struct(f"{len(STEP_COLUMNS)}d").pack
         self._pending = 0
         self._blocks: list[np.ndarray] = []  # (len(STEP_COLUMNS), rows) float64: by column
 
-    def append(self, row: tuple) -> None:
-        code = self._code.get(row[0])
-        if code is None:
-            code = self._code[row[0]] = len(self.names)
-            self.names.append(row[0])
-        self._buf.frombytes(self._row_bytes(code, *row[1:]))
-        self._pending += 1
-        if self._pending >= self.chunk:
-            self._pack()
+    def writer(self, name: str, model: object = None) -> Callable[..., None]:
+        """The row writer of instance `name`: `write(step, start_s, cost, prefill_requests,
+        prefill_tokens, decode_requests, decode_tokens, context_tokens, new_loads)` appends
+        one row (`cost` a StepBreakdown, ms); its balancedness is the step model's
+        `last_balancedness` when `model` has one, else NaN. The row is packed from the
+        arguments directly: no tuple, no lookup of the name (the four calls this took were
+        a fifth of a light-load decode step)."""
+        code = len(self.names)
+        self.names.append(name)
+        pack = self._row_bytes
+        balanced = hasattr(model, "last_balancedness")
+
+        def write(step: int, start: float, cost: StepBreakdown, p_req: int, p_tok: int,
+                  d_req: int, d_tok: float, ctx: float, loads: int) -> None:
+            self._buf.frombytes(pack(
+                code, step, start, cost.total_ms, p_req, p_tok, d_req, d_tok, ctx, loads,
+                model.last_balancedness if balanced else NAN, cost.moe, cost.attention,
+                cost.indexer, cost.dense, cost.comm, cost.draft, cost.cpu, cost.sync,
+                cost.straggler, cost.kv_stall))
+            self._pending += 1
+            if self._pending >= self.chunk:
+                self._pack()
+
+        return write
 
     def _pack(self) -> None:
         if not self._pending:
@@ -277,10 +282,16 @@ class StepLog:
         return self._blocks[0].T
 
     def __iter__(self) -> Iterator[tuple]:
+        """The rows as tuples of STEP_COLUMNS, counts as ints."""
         rows = self._array()  # packs the last rows
         names = self.names
+        counts = [STEP_COLUMNS.index(c) for c in STEP_INT_COLUMNS]
         for row in rows:
-            yield (names[int(row[0])], *row[1:].tolist())
+            values = row.tolist()
+            values[0] = names[int(values[0])]
+            for i in counts:
+                values[i] = int(values[i])
+            yield tuple(values)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, StepLog):

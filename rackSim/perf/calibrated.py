@@ -216,6 +216,9 @@ class CalibratedStepModel:
         self._sync_points = sync_points
         #: expected straggler delay of the last priced step (ms), for reports and fits
         self.last_straggler_expected_ms = 0.0
+        #: target-model EPLB balancedness of the last priced decode or mixed step (NaN before
+        #: one, and for TP and prefill steps: not modelled there); step rows record it
+        self.last_balancedness = math.nan
         self.straggler = StragglerModel(
             ranks=self.ranks, jitter_ms=p.value("straggler_jitter_us") / MS,
             sync_points=sync_points, lag_ms=p.value("straggler_lag_us") / MS,
@@ -241,6 +244,9 @@ class CalibratedStepModel:
                                    self.attn.csa_compress * self.attn.topk_entries)
         self._rank_terms_by_q: dict[int, tuple[float, ...]] = {}
         self._cache: dict[tuple[float, ...], tuple[float, float, float]] = {}
+        #: (MoE, all-to-all, draft) of the last decode step if it admitted nothing (ms), for
+        #: `decode_repeat`
+        self._shape: tuple[float, float, float] | None = None
 
     @staticmethod
     def _scenario_prefill_opts(cfg: RunConfig, p: Profile) -> PrefillOptimisations:
@@ -408,10 +414,11 @@ class CalibratedStepModel:
     # -- decode -----------------------------------------------------------------------------------
     def decode_step(self, batch: DecodeBatch) -> StepBreakdown:
         """Price one decode step (see the module docstring); fields sum to the step time."""
-        reqs, ctxs = batch.requests_per_rank, batch.context_tokens_per_rank
+        reqs = batch.requests_per_rank
         n = len(reqs)
         q = 1 + batch.draft_tokens
         total = sum(reqs)
+        self._shape = None
         if total <= 0:
             return StepBreakdown(cpu=self._decode_cpu_ms(batch, 0.0), sync=self._sync_ms)
         if self.tp > 1:
@@ -423,16 +430,34 @@ class CalibratedStepModel:
         b_t, b_d = self._b if step < self._b_until else self.balancedness(step)
         self.last_balancedness = b_t
         key = (total, q, b_t, b_d, n)
-        cached = self._cache.get(key)
-        if cached is None:
+        shape = self._cache.get(key)
+        if shape is None:
             moe, comm = self._moe_comm(self.target, total * q, n, b_t)
-            cached = (moe, comm, self._draft_ms(total, n, b_d, batch.draft_tokens))
+            shape = (moe, comm, self._draft_ms(total, n, b_d, batch.draft_tokens))
             if len(self._cache) > 4096:
                 self._cache.clear()
-            self._cache[key] = cached
-        moe, comm, draft = cached
-        moe += self._eplb_overhead_ms(step)
-        wr, wc = self._busiest_rank(reqs, ctxs, q)
+            self._cache[key] = shape
+        if not (batch.rank_admissions or batch.new_loads or batch.admitted_prompt_tokens):
+            self._shape = shape
+        return self._decode_dep(batch, shape, q)
+
+    def decode_repeat(self, batch: DecodeBatch) -> StepBreakdown:
+        """`decode_step(batch)` for a batch that admits nothing and has the same requests on
+        every rank as the last batch priced (only the contexts and the step index moved): the
+        terms of the request counts (MoE, all-to-all, draft) are the last step's until an
+        EPLB epoch may change the balancedness."""
+        shape = self._shape
+        if shape is None or batch.step_index >= self._b_until:
+            return self.decode_step(batch)
+        return self._decode_dep(batch, shape, 1 + batch.draft_tokens)
+
+    def _decode_dep(self, batch: DecodeBatch, shape: tuple[float, float, float], q: int
+                    ) -> StepBreakdown:
+        """A DEP decode step whose (MoE, all-to-all, draft) are `shape` (ms): the busiest
+        rank's attention, indexer and dense work, CPU and straggler on top."""
+        moe, comm, draft = shape
+        moe += self._eplb_overhead_ms(batch.step_index)
+        wr, wc = self._busiest_rank(batch.requests_per_rank, batch.context_tokens_per_rank, q)
         a = self.attn
         attention = a.decode_attention_ms(wr, wc, q)
         indexer = a.decode_indexer_ms(wr, wc)
@@ -580,6 +605,7 @@ class CalibratedStepModel:
             return self.decode_step(decode)
         q = 1 + decode.draft_tokens
         total = sum(reqs)
+        self._shape = None  # the EPLB states may move here: no repeat of a decode step
         b_t, b_d = self.balancedness(decode.step_index)
         self.last_balancedness = b_t
         if total <= 0:

@@ -129,8 +129,12 @@ class StragglerModel:
         return self._step_moments(self.lag_ms if lag_ms is None else lag_ms)[0]
 
     def draw(self, lag_ms: float | None = None) -> tuple[float, float]:
-        """(expected, sampled) straggler delay of one step (ms), from one moments lookup."""
-        mean, std = self._step_moments(self.lag_ms if lag_ms is None else lag_ms)
+        """(expected, sampled) straggler delay of one step (ms), from one moments lookup
+        (none without lagged ranks: the moments are then those of every step)."""
+        if self.lagged:
+            mean, std = self._step_moments(self.lag_ms if lag_ms is None else lag_ms)
+        else:
+            mean, std = self.mean_ms, self.std_ms
         if std <= 0.0:
             return mean, mean
         return mean, max(0.0, self._rng.gauss(mean, std))

@@ -295,3 +295,5 @@ class MeasuredStepModel:
         """Ranks run in lock-step: the busiest rank (requests, context) sets the time."""
         return self._step(0, 0, max(batch.requests_per_rank, default=0),
                           max(batch.context_tokens_per_rank, default=0.0))
+
+    decode_repeat = decode_step  # nothing carries over from one step to the next

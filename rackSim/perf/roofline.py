@@ -146,6 +146,8 @@ class RooflineStepModel:
         return StepBreakdown(moe=moe, attention=attention, indexer=indexer, dense=dense,
                              comm=comm, draft=draft, cpu=cpu, sync=sync)
 
+    decode_repeat = decode_step  # nothing carries over from one step to the next
+
     def mixed_step(self, prefill: PrefillBatch, decode: DecodeBatch) -> StepBreakdown:
         """A colocated step: experts, all-to-all and dense GEMMs over both token sets at once
         (weights read once); attention, indexer, draft and CPU of each part; the busiest rank's

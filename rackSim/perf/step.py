@@ -111,6 +111,12 @@ class StepModel(Protocol):
 
     def decode_step(self, batch: DecodeBatch) -> StepBreakdown: ...
 
+    def decode_repeat(self, batch: DecodeBatch) -> StepBreakdown:
+        """`decode_step(batch)`, for a batch that admits nothing and holds the same requests
+        on every rank as the last decode batch this model priced (only their contexts and the
+        step index moved): a model may reuse what depends on the request counts alone."""
+        ...
+
     def mixed_step(self, prefill: PrefillBatch, decode: DecodeBatch) -> StepBreakdown:
         """A colocated instance's step: prefill chunks and decode tokens in one forward."""
         ...

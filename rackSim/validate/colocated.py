@@ -30,7 +30,6 @@ and one token), as the engine's colocated instance keeps it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import simpy
@@ -40,7 +39,7 @@ from rackSim.engine.client import AgentClients
 from rackSim.engine.colocated import ColocatedInstance
 from rackSim.engine.prefix_cache import TieredPrefixCache
 from rackSim.metrics.histogram import LatencyHistogram
-from rackSim.metrics.records import RequestLog, step_row
+from rackSim.metrics.records import RequestLog, StepLog
 from rackSim.perf.measured import MeasuredStepModel, Profile
 from rackSim.workload.graph import BLOCK_TOKENS, SessionGraph
 from rackSim.workload.replay import ClosedLoopReplay
@@ -55,7 +54,7 @@ class ColocatedOutput:
     """Raw output of a colocated simulation: records, step rows, window (s)."""
 
     records: RequestLog
-    steps: list[tuple]
+    steps: StepLog
     window_start_s: float
     window_end_s: float
     sim_s: float
@@ -69,18 +68,14 @@ def simulate_colocated(sessions: list[SessionGraph], replay: ReplaySpec, profile
     whether later prompts re-send outputs as the server generated them (module docstring)."""
     env = simpy.Environment()
     records = RequestLog()
-    steps: list[tuple] = []
+    steps = StepLog()
     shape = profile.server
-
-    def on_step(*row) -> None:
-        steps.append(step_row(*row, math.nan))
-
     engine = ColocatedInstance(
         env, 0, 1, shape.max_num_batched_tokens, shape.max_num_seqs, 1.0, 0,
         [TieredPrefixCache(shape.kv_capacity_tokens // BLOCK_TOKENS)],
         MeasuredStepModel.from_profile(profile, seed=seed), 0.0, LatencyHistogram(),
         lambda _t: False,
-        True, lambda _job: None, on_step, block_tokens=shape.block_tokens,
+        True, lambda _job: None, steps.writer, block_tokens=shape.block_tokens,
         api_delay_s=profile.api_overhead_ms / 1e3, output_delay_s=profile.output_ms / 1e3,
         reuse_outputs=reuse_outputs, intake_stall_ms=profile.intake_stall_ms,
         intake_stall_per_token_ms=profile.intake_stall_per_token_ms)

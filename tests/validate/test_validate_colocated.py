@@ -48,7 +48,7 @@ def test_lone_session_by_hand():
     assert r1.send_s == pytest.approx(r0.finish_s + 0.5)
     assert r1.ttft_ms == pytest.approx(5.0 + 2.0 + 0.5 + 0.01 * (3304 - 2944) + 1.0)
     first = out.records[0]  # cold: the whole prompt in 2048-token chunks
-    rows = out.steps
+    rows = list(out.steps)
     assert [r[4] for r in rows[:2]] == [1, 1]
     assert [r[5] for r in rows[:2]] == [2048, first.prompt_tokens - 2048]
     done = [r for r in out.records if r.finish_s == r.finish_s]
