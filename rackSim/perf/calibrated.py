@@ -292,6 +292,8 @@ class CalibratedStepModel:
             steps = max(1, int(duration // self._nominal_step_ms) + 1)
             self._eplb_busy = (st.last_rearrangement_step, st.last_rearrangement_step + steps)
             self._eplb_extra_ms = 2.0 * st.last_moved_bytes / self._hbm_ms / steps
+        if (t, dr) != self._b:  # the decode shapes priced at the old balancedness are dead
+            self._cache.clear()
         self._b = (t, dr)
         self._b_until = min((s.next_epoch_step for s in (self.eplb_target, self.eplb_draft)
                              if s is not None), default=math.inf)
@@ -434,7 +436,7 @@ class CalibratedStepModel:
         if shape is None:
             moe, comm = self._moe_comm(self.target, total * q, n, b_t)
             shape = (moe, comm, self._draft_ms(total, n, b_d, batch.draft_tokens))
-            if len(self._cache) > 4096:
+            if len(self._cache) > 4096:  # a fixed balancedness never clears it
                 self._cache.clear()
             self._cache[key] = shape
         if not (batch.rank_admissions or batch.new_loads or batch.admitted_prompt_tokens):

@@ -110,19 +110,26 @@ def replica_counts(expert_of_slot: np.ndarray, experts: int) -> np.ndarray:
 
 class Placement:
     """Where every expert replica sits, with the index arrays its balancedness needs built
-    once (a placement changes every few thousand steps; balancedness is read every epoch)."""
+    once (a placement changes every few thousand steps; balancedness is read every epoch).
+
+    A fleet holds one per EPLB state (252 in 14 full racks), so it keeps only what is read:
+    the slots' experts and ranks in the smallest integer type that holds them (the next
+    rearrangement compares them), the replica counts only when an expert has several."""
 
     __slots__ = ("expert_of_slot", "rank_of_slot", "ranks", "counts", "_gather", "_bins")
 
     def __init__(self, expert_of_slot: np.ndarray, rank_of_slot: np.ndarray, ranks: int,
                  experts: int):
         layers, slots = expert_of_slot.shape
-        self.expert_of_slot, self.rank_of_slot, self.ranks = expert_of_slot, rank_of_slot, ranks
-        self.counts = replica_counts(expert_of_slot, experts)
+        self.expert_of_slot = expert_of_slot.astype(np.min_scalar_type(max(experts - 1, 0)))
+        self.rank_of_slot = rank_of_slot.astype(np.min_scalar_type(max(ranks - 1, 0)))
+        self.ranks = ranks
         rows = np.arange(layers)[:, None]
         identity = slots == experts and bool((expert_of_slot == np.arange(experts)).all())
-        # flat (layer, expert) index of each slot; None when slot s holds expert s
+        # flat (layer, expert) index of each slot and replicas per expert; None when slot s
+        # holds expert s
         self._gather = None if identity else (rows * experts + expert_of_slot).ravel()
+        self.counts = None if identity else replica_counts(expert_of_slot, experts)
         self._bins = (rows * ranks + rank_of_slot).ravel()
 
     def balancedness(self, load: np.ndarray) -> float:
@@ -145,9 +152,14 @@ class EplbState:
         self._rng = np.random.default_rng(seed)
         shape = (cfg.layers, cfg.experts)
         self._x = self._rng.standard_normal(shape) * cfg.sigma
-        group = np.arange(cfg.experts) * cfg.groups // cfg.experts
-        self._g = (self._rng.standard_normal((cfg.layers, cfg.groups)) * cfg.sigma_group
-                   )[:, group]
+        g = self._rng.standard_normal((cfg.layers, cfg.groups)) * cfg.sigma_group
+        # the group part, (layers, n, 1) against the expert part seen as (layers, n, experts
+        # / n): the groups themselves (n = groups) when they are equal and contiguous, as
+        # they are when the groups divide the experts, else expert by expert (n = experts);
+        # the same sums as a (layers, experts) copy, which 252 states of a fleet would hold
+        if cfg.experts % cfg.groups:
+            g = g[:, np.arange(cfg.experts) * cfg.groups // cfg.experts]
+        self._g = g[:, :, None]
         self._rho = math.exp(-cfg.epoch_steps / cfg.drift_steps) if cfg.drift_steps > 0 else 0.0
         # (epoch, load) of the epochs the next rearrangement averages, oldest first
         self._history: deque[tuple[int, np.ndarray]] = deque()
@@ -172,7 +184,8 @@ class EplbState:
 
     def popularity(self) -> np.ndarray:
         """Current expected share of routed tokens per (layer, expert); rows sum to 1."""
-        p = self._x + self._g
+        g = self._g
+        p = (self._x.reshape(g.shape[0], g.shape[1], -1) + g).reshape(self._x.shape)
         p -= p.max(axis=1, keepdims=True)
         np.exp(p, out=p)
         p /= p.sum(axis=1, keepdims=True)

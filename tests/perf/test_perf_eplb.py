@@ -171,3 +171,30 @@ def test_history_empty_between_windows() -> None:
     assert state.rearrangements == 1
     state.advance(3100)
     assert not state._history
+
+
+@pytest.mark.parametrize(("experts", "groups"), [(384, 8), (10, 3), (6, 1), (12, 12)])
+def test_popularity_adds_each_expert_its_group_s_part(experts: int, groups: int) -> None:
+    """The group part is held per group (broadcast) when the groups divide the experts, per
+    expert otherwise; either way each expert's log-popularity is its own part plus its
+    group's (group = expert * groups // experts), as a full (layers, experts) copy gives."""
+    cfg = EplbConfig(layers=3, experts=experts, ranks=2 if experts % 2 == 0 else 1,
+                     sigma=0.7, drift_steps=1000.0, sigma_group=0.9, groups=groups)
+    state = EplbState(cfg, seed=5)
+    rng = np.random.default_rng(5)
+    rng.standard_normal((3, experts))  # the expert parts, drawn first
+    g = (rng.standard_normal((3, groups)) * 0.9)[:, np.arange(experts) * groups // experts]
+    p = state._x + g
+    p = np.exp(p - p.max(axis=1, keepdims=True))
+    assert np.array_equal(state.popularity(), p / p.sum(axis=1, keepdims=True))
+    assert state._g.size == 3 * (groups if experts % groups == 0 else experts)
+
+
+def test_a_placement_keeps_compact_slots_and_counts_only_for_replicas() -> None:
+    load = np.random.default_rng(0).random((4, 16))
+    plain = Placement(*balanced_placement(load, 4), 4, 16)
+    assert plain.counts is None and plain.expert_of_slot.dtype == np.uint8
+    assert plain.rank_of_slot.dtype == np.uint8
+    replicated = Placement(*balanced_placement(load, 4, redundant=4), 4, 16)
+    assert replicated.counts is not None and replicated.counts.sum() == 4 * 20
+    assert plain.balancedness(load) < replicated.balancedness(load) <= 1.0
