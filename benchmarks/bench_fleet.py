@@ -116,11 +116,17 @@ def curve(layout: str, racks: int, until_s: float, chunk_s: float, calls_at: flo
         print(json.dumps(row), flush=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
+def fleet_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A parser with the fleets to compare: `--racks` (rack counts), `--layout`."""
+    ap = argparse.ArgumentParser(description=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--racks", type=int, nargs="+", default=[1, 14])
     ap.add_argument("--layout", default="fleet_full_rack", help="scenarios/deployment option")
+    return ap
+
+
+def main() -> None:
+    ap = fleet_parser(__doc__)
     ap.add_argument("--window-s", type=float, default=30.0, help="measurement window (sim s)")
     ap.add_argument("--warmup-requests", type=int, default=1, help="warm-up requests per lane")
     ap.add_argument("--curve", type=float, metavar="UNTIL_S",

@@ -16,8 +16,13 @@ Cases: `reference` (the reference scenario, `--window-s` of window), `fleet` (14
 `fleet_full_rack` at the reference per-GPU load), `mooncake` (the Mooncake conversation trace,
 one hour open loop), `mooncake-process` (the same as a whole `racksim` run).
 
+`--instructions` counts the event loop's instructions under valgrind's callgrind instead of
+timing it: one run per tree, the same count on a busy machine (this machine's CPU time moves
+by 15-40 % over a day, more than most changes), 50-100x slower; it leaves out what the
+hardware adds (cache misses, branch mispredictions), which the timed runs keep.
+
 Run: `python benchmarks/bench_versus.py --base HEAD~1 [--cases reference mooncake]
-[--repeat 3] [--window-s 300]`.
+[--repeat 3] [--window-s 300] [--instructions]`.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ MOONCAKE = ["workload=mooncake_conversation", "workload.replay.window_s=3600",
             "workload.replay.warmup_s=0", "workload.replay.drain_s=600"]
 
 CHILD = r"""
-import hashlib, json, resource, sys, time
+import hashlib, json, os, resource, subprocess, sys, time
 import pandas as pd
 from rackSim.config import compose_scenario
 from rackSim.engine.simulation import Simulation
@@ -49,9 +54,16 @@ from rackSim.workload.sources import load_sessions
 
 cfg = compose_scenario(json.loads(sys.argv[1]) + ["progress=false"])
 sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
+counted = os.environ.get("BENCH_CALLGRIND")  # under callgrind: count the event loop only
+if counted:
+    subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True,
+                   capture_output=True)
 c0 = time.process_time()
 out = sim.run(progress=False)
 cpu = time.process_time() - c0
+if counted:
+    subprocess.run(["callgrind_control", "-i", "off", str(os.getpid())], check=True,
+                   capture_output=True)
 req = requests_frame(out.requests)
 times = hashlib.sha1(repr(req.pop("token_times_s").tolist()).encode()).hexdigest()
 digest = hashlib.sha1()
@@ -84,8 +96,11 @@ def check_imports_own(tree: Path) -> None:
         sys.exit(f"bench_versus: a run on {tree} imports rackSim from {got}")
 
 
-def run_in(tree: Path, case: str, window_s: float, scratch: Path) -> dict:
+def run_in(tree: Path, case: str, window_s: float, scratch: Path,
+           instructions: bool = False) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    if instructions:
+        return counted_in(tree, case, window_s, scratch)
     if case.endswith("-process"):
         out_dir = scratch / f"run-{time.monotonic_ns()}"
         t0 = time.perf_counter()
@@ -104,9 +119,29 @@ def run_in(tree: Path, case: str, window_s: float, scratch: Path) -> dict:
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
-def spread(values: list[float]) -> str:
-    return (f"{statistics.median(values):,.2f} [{min(values):,.2f}-{max(values):,.2f}]"
-            if values else "-")
+def counted_in(tree: Path, case: str, window_s: float, scratch: Path) -> dict:
+    """Instructions of the event loop of `case` in `tree`, counted by valgrind's callgrind
+    (the same on a busy machine: one run per tree is the measurement)."""
+    out = scratch / f"callgrind-{time.monotonic_ns()}.out"
+    child = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+         sys.executable, "-P", "-c", CHILD, json.dumps(overrides(case, window_s))],
+        env={**os.environ, "PYTHONPATH": str(tree), "BENCH_CALLGRIND": "1"}, cwd=ROOT,
+        capture_output=True, text=True)
+    if child.returncode:
+        sys.exit(f"bench_versus: {case} failed under callgrind in {tree}:\n"
+                 f"{child.stderr[-2000:]}")
+    rec = json.loads(child.stdout.strip().splitlines()[-1])
+    totals = next(x for x in out.read_text().splitlines() if x.startswith("totals:"))
+    return {**rec, "instructions": int(totals.split()[1])}
+
+
+def spread(values: list[float], digits: int = 2) -> str:
+    """Median [min-max]; a single value alone (a count, measured once)."""
+    if len(values) == 1:
+        return f"{values[0]:,.{digits}f}"
+    return (f"{statistics.median(values):,.{digits}f} "
+            f"[{min(values):,.{digits}f}-{max(values):,.{digits}f}]" if values else "-")
 
 
 def main() -> None:
@@ -118,7 +153,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--window-s", type=float, default=300.0,
                     help="measurement window of the reference and fleet cases (sim s)")
+    ap.add_argument("--instructions", action="store_true",
+                    help="count the event loop's instructions under valgrind instead of "
+                    "timing it (deterministic: one run per tree; 50-100x slower)")
     args = ap.parse_args()
+    if args.instructions:
+        args.repeat = 1
+        if any(c.endswith("-process") for c in args.cases):
+            sys.exit("bench_versus: --instructions counts the event loop, not a process case")
     scratch = Path(tempfile.mkdtemp(prefix="bench_versus-"))
     base = scratch / "base"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base),
@@ -131,20 +173,26 @@ def main() -> None:
             for i in range(args.repeat):
                 order = [("base", base), ("this", ROOT)]
                 for name, tree in order if i % 2 == 0 else order[::-1]:
-                    runs[name].append(run_in(tree, case, args.window_s, scratch))
+                    runs[name].append(run_in(tree, case, args.window_s, scratch,
+                                             args.instructions))
                     print(f"{case} {name} #{i + 1}: {runs[name][-1]}", flush=True)
-            key = "wall_s" if case.endswith("-process") else "cpu_s"
+            key = ("instructions" if args.instructions
+                   else "wall_s" if case.endswith("-process") else "cpu_s")
             for name in ("base", "this"):
                 r = runs[name]
-                line = f"{case:>17} {name:>4}: {key} {spread([x[key] for x in r])}"
+                line = (f"{case:>17} {name:>4}: {key} "
+                        f"{spread([x[key] for x in r], 0 if args.instructions else 2)}")
                 if key == "cpu_s":
                     line += (f", events {r[0]['events']:,}, us/event "
                              f"{spread([x['cpu_s'] / x['events'] * 1e6 for x in r])}, "
                              f"peak MB {spread([x['peak_mb'] for x in r])}")
+                elif key == "instructions":
+                    line += (f", events {r[0]['events']:,}, per event "
+                             f"{r[0]['instructions'] / r[0]['events']:,.0f}")
                 print(line)
             ratios = [b[key] / t[key] for b, t in zip(runs["base"], runs["this"], strict=True)]
-            print(f"{case:>17} base / this: {spread(ratios)}x")
-            if key == "cpu_s":
+            print(f"{case:>17} base / this: {spread(ratios, 3 if args.instructions else 2)}x")
+            if key != "wall_s":
                 same = {x["hash"] for x in runs["base"] + runs["this"]}
                 print(f"{case:>17} same records and steps: {'yes' if len(same) == 1 else 'NO'}")
     finally:
