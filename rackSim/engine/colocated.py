@@ -244,13 +244,14 @@ class ColocatedInstance(DecodeInstance):
                 cost = replace(cost, cpu=cost.cpu + stall)
                 yield env.timeout(stall / 1e3)
             self._stallable = False
-            dur = cost.total_ms / 1e3
+            total_ms = cost.total_ms
+            dur = total_ms / 1e3
             end = env.now
             entered = self._prefilled(chunks, step, end)
             emitted, retiring = self._emit(step, entered, dur, end)
-            write_step(step, start, cost, prefill.num_requests, prefill.new_tokens, n_decoding,
-                       emitted - len(entered), sum(self.ctx) + prefill.attended_tokens,
-                       len(entered))
+            write_step(step, start, cost, total_ms, prefill.num_requests, prefill.new_tokens,
+                       n_decoding, emitted - len(entered),
+                       sum(self.ctx) + prefill.attended_tokens, len(entered))
             self._advance(end, retiring)
 
 

@@ -300,13 +300,15 @@ class DecodeInstance:
                 cost = again(batch)
             if stall_ms > 0:
                 cost = cost.with_kv_stall(stall_ms)
-            dur = cost.total_ms / 1e3
+            total_ms = cost.total_ms
+            dur = total_ms / 1e3
             end = clock + dur
             if end >= peek() or step in finish:
                 yield wake_at(env, end)
             n_running = len(running)
             emitted, retiring = emit(step, admitted, dur, end)
-            write_step(step, clock, cost, 0, 0, n_running, emitted, sum(self.ctx), n_admitted)
+            write_step(step, clock, cost, total_ms, 0, 0, n_running, emitted, sum(self.ctx),
+                       n_admitted)
             advance(end, retiring)
             clock = end
 

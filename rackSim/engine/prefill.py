@@ -109,10 +109,11 @@ class PrefillInstance:
             chunks, batch = self._schedule()
             cost = model.prefill_step(batch)
             start = env.now
-            yield timeout(cost.total_ms / 1e3)
+            total_ms = cost.total_ms
+            yield timeout(total_ms / 1e3)
             self.steps += 1
-            write_step(self.steps, start, cost, batch.num_requests, batch.new_tokens, 0, 0,
-                       batch.attended_tokens, 0)
+            write_step(self.steps, start, cost, total_ms, batch.num_requests,
+                       batch.new_tokens, 0, 0, batch.attended_tokens, 0)
             done = []
             queued = self.queued_tokens
             for job, n in chunks:

@@ -24,11 +24,6 @@ class LatencyHistogram:
         self._w = [0.0] * self.n  # a list: one scalar add per decode step is cheaper on it
         self._log_lo = math.log(lo_ms)
 
-    def _bin(self, ms: float) -> int:
-        if ms <= self.lo:
-            return 0
-        return min(int((math.log(ms) - self._log_lo) / self.log_step), self.n - 1)
-
     @classmethod
     def merged(cls, hists: Iterable[LatencyHistogram]) -> LatencyHistogram:
         """One histogram holding the weights of `hists` (same bins), e.g. a fleet's from its
@@ -44,7 +39,10 @@ class LatencyHistogram:
         return np.array(self._w)
 
     def add(self, ms: float, weight: float = 1.0) -> None:
-        self._w[self._bin(ms)] += weight
+        """Add `weight` at `ms` (one call per decode step: its bin is computed inline)."""
+        i = 0 if ms <= self.lo else min(int((math.log(ms) - self._log_lo) / self.log_step),
+                                        self.n - 1)
+        self._w[i] += weight
 
     def add_many(self, ms: np.ndarray, weights: np.ndarray | None = None) -> None:
         ms = np.asarray(ms, dtype=float)

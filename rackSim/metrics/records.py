@@ -241,9 +241,10 @@ class StepLog:
         self._blocks: list[np.ndarray] = []  # (len(STEP_COLUMNS), rows) float64: by column
 
     def writer(self, name: str, model: object = None) -> Callable[..., None]:
-        """The row writer of instance `name`: `write(step, start_s, cost, prefill_requests,
-        prefill_tokens, decode_requests, decode_tokens, context_tokens, new_loads)` appends
-        one row (`cost` a StepBreakdown, ms); its balancedness is the step model's
+        """The row writer of instance `name`: `write(step, start_s, cost, duration_ms,
+        prefill_requests, prefill_tokens, decode_requests, decode_tokens, context_tokens,
+        new_loads)` appends one row (`cost` a StepBreakdown and `duration_ms` its total, which
+        the instance has computed already); its balancedness is the step model's
         `last_balancedness` when `model` has one, else NaN. The row is packed from the
         arguments directly: no tuple, no lookup of the name (the four calls this took were
         a fifth of a light-load decode step)."""
@@ -252,11 +253,12 @@ class StepLog:
         pack_into, size, buf = self._row.pack_into, self._row.size, self._buf
         balanced = hasattr(model, "last_balancedness")
 
-        def write(step: int, start: float, cost: StepBreakdown, p_req: int, p_tok: int,
-                  d_req: int, d_tok: float, ctx: float, loads: int) -> None:
+        def write(step: int, start: float, cost: StepBreakdown, duration_ms: float,
+                  p_req: int, p_tok: int, d_req: int, d_tok: float, ctx: float,
+                  loads: int) -> None:
             pack_into(
                 buf, self._pending * size,
-                code, step, start, cost.total_ms, p_req, p_tok, d_req, d_tok, ctx, loads,
+                code, step, start, duration_ms, p_req, p_tok, d_req, d_tok, ctx, loads,
                 model.last_balancedness if balanced else NAN, cost.moe, cost.attention,
                 cost.indexer, cost.dense, cost.comm, cost.draft, cost.cpu, cost.sync,
                 cost.straggler, cost.kv_stall)

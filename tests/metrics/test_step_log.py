@@ -32,7 +32,8 @@ def _write(log: StepLog, n: int, first: int = 0) -> list[tuple]:
     for i in range(first, n):
         model.last_balancedness = math.nan if i % 2 else 0.9
         cost = StepBreakdown(moe=1.0 + i, cpu=0.25)
-        writers[i % 3](i, 0.5 * i, cost, i % 2, 64 * i, 3, 3.25 * i, 1e6 + i, i % 4)
+        writers[i % 3](i, 0.5 * i, cost, cost.total_ms, i % 2, 64 * i, 3, 3.25 * i, 1e6 + i,
+                       i % 4)
         rows.append((NAMES[i % 3], i, 0.5 * i, cost.total_ms, i % 2, 64 * i, 3, 3.25 * i,
                      1e6 + i, i % 4, model.last_balancedness, cost.moe, cost.attention,
                      cost.indexer, cost.dense, cost.comm, cost.draft, cost.cpu, cost.sync,
@@ -65,7 +66,8 @@ def test_frame_is_the_step_table():
 
 def test_a_model_without_balancedness_writes_nan():
     log = StepLog()
-    log.writer("prefill-0", object())(1, 0.0, StepBreakdown(moe=2.0), 1, 64, 0, 0.0, 64.0, 0)
+    log.writer("prefill-0", object())(1, 0.0, StepBreakdown(moe=2.0), 2.0, 1, 64, 0, 0.0, 64.0,
+                                      0)
     assert math.isnan(log.frame()["balancedness"].iloc[0])
 
 
