@@ -244,7 +244,7 @@ class CalibratedStepModel:
                                    self.attn.csa_compress * self.attn.topk_entries)
         self._rank_terms_by_q: dict[int, tuple[float, ...]] = {}
         self._cache: dict[tuple[float, ...], tuple[float, float, float]] = {}
-        #: (MoE, all-to-all, draft) of the last decode step if it admitted nothing (ms), for
+        #: (MoE, all-to-all, draft) of the last DEP decode step with requests (ms), for
         #: `decode_repeat`
         self._shape: tuple[float, float, float] | None = None
 
@@ -439,8 +439,7 @@ class CalibratedStepModel:
             if len(self._cache) > 4096:  # a fixed balancedness never clears it
                 self._cache.clear()
             self._cache[key] = shape
-        if not (batch.rank_admissions or batch.new_loads or batch.admitted_prompt_tokens):
-            self._shape = shape
+        self._shape = shape
         return self._decode_dep(batch, shape, q)
 
     def decode_repeat(self, batch: DecodeBatch) -> StepBreakdown:

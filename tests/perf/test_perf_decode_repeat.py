@@ -19,15 +19,18 @@ A, DRAFTS = 3.25, 3
 
 def _run(model: CalibratedStepModel, reqs: list[int], ctx: list[float], first: int,
          groups: list[int], repeat: bool) -> list[tuple]:
-    """Price `sum(groups)` steps from step `first`: each group starts with a retirement-like
-    change (a new batch, `decode_step`), then its steps hold the same requests while their
-    contexts grow by `A` per request and step (`decode_repeat` when `repeat`)."""
+    """Price `sum(groups)` steps from step `first`: each group starts with a step that admits
+    a request on every third rank (`decode_step`), then its steps hold the same requests while
+    their contexts grow by `A` per request and step (`decode_repeat` when `repeat`)."""
     out = []
     step = first
     for g, n in enumerate(groups):
         reqs = [r + (1 if (i + g) % 3 == 0 else 0) for i, r in enumerate(reqs)]
+        admitted = tuple((1, 4096, 64) for i in range(len(reqs)) if (i + g) % 3 == 0)
         for k in range(n):
-            batch = DecodeBatch(reqs, list(ctx), A, DRAFTS, 0, 0, step)
+            adm = () if k else admitted
+            batch = DecodeBatch(reqs, list(ctx), A, DRAFTS, len(adm), 4096 * len(adm), step,
+                                adm)
             cost = model.decode_repeat(batch) if repeat and k else model.decode_step(batch)
             out.append((cost, model.last_balancedness, model.last_straggler_expected_ms))
             ctx = [c + A * r for c, r in zip(ctx, reqs, strict=True)]
