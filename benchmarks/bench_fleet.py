@@ -59,6 +59,20 @@ def fleet_config(layout: str | None, racks: int, window_s: float, warmup: int,
                              "progress=false"])
 
 
+def started_fleet(layout: str, racks: int, until_s: float, warmup: int,
+                  overrides: list[str]) -> Simulation:
+    """`racks` racks of `layout` (`fleet_config`, window `until_s`) with their clients
+    started and the cyclic collector off, as `Simulation.run` has them, for a caller that
+    drives `sim.env` itself in pieces."""
+    import gc
+
+    cfg = fleet_config(layout, racks, until_s, warmup, overrides)
+    sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
+    gc.disable()
+    sim.clients.start()
+    return sim
+
+
 def one(layout: str | None, racks: int, window_s: float, warmup: int,
         overrides: list[str]) -> dict:
     """Simulate `racks` racks of `layout` (None: the reference) in this process at the
@@ -86,14 +100,9 @@ def curve(layout: str, racks: int, until_s: float, chunk_s: float, calls_at: flo
     """Print, per chunk of simulated time, the CPU per event of `racks` racks of `layout` at
     the reference's clients per GPU (JSON lines); one chunk under cProfile counts calls."""
     import cProfile
-    import gc
     import pstats
 
-    cfg = fleet_config(layout, racks, until_s, warmup, overrides)
-    sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
-    env = sim.env
-    gc.disable()  # as Simulation.run does
-    sim.clients.start()
+    env = started_fleet(layout, racks, until_s, warmup, overrides).env
     while env.now < until_s:
         c0, e0, t0 = time.process_time(), env.events_scheduled, env.now
         profiled = calls_at is not None and t0 <= calls_at < t0 + chunk_s

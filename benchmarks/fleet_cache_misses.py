@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_fleet import fleet_config, fleet_parser  # benchmarks/ is on the path as a script
+from bench_fleet import fleet_parser, started_fleet  # benchmarks/ is on the path as a script
 
 EVENTS = ("Ir", "Dr", "Dw", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
 #: simulated seconds per event of one full rack at the reference load (to size the region)
@@ -36,16 +36,7 @@ SIM_S_PER_EVENT_ONE_RACK = 1 / 710
 
 def child(layout: str, racks: int, from_s: float, until_s: float) -> None:
     """Simulate to `from_s`, then switch callgrind's collection on until `until_s`."""
-    import gc
-
-    from rackSim.engine.simulation import Simulation
-    from rackSim.workload.sources import load_sessions
-
-    cfg = fleet_config(layout, racks, until_s, 1, [])
-    sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
-    env = sim.env
-    gc.disable()  # as Simulation.run does
-    sim.clients.start()
+    env = started_fleet(layout, racks, until_s, 1, []).env
     env.run(until=from_s)
     first = env.events_scheduled
     toggle = ["callgrind_control", "-i"]
