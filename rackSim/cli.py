@@ -84,6 +84,9 @@ def _plan(tree: DictConfig) -> None:
         sys.exit(EXIT_BAD_INPUT)
     try:
         result = run_plan(inputs, out, list(hc.overrides.task))
+    except PlanError as err:
+        print(f"racksim-plan: {err}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
     except ConfirmError as err:
         print(f"racksim-plan: {err}", file=sys.stderr)
         sys.exit(1)

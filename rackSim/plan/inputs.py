@@ -19,7 +19,8 @@ from rackSim.config import SCENARIOS_DIR, ConfigError, load_run_config
 from rackSim.config.errors import ScenarioError
 from rackSim.config.loading import describe_fields
 from rackSim.config.specs import HardwareSpec, RunConfig, resolve_path
-from rackSim.plan.spec import PlanSpec
+from rackSim.plan.layout import RackLayout, smallest_layouts
+from rackSim.plan.spec import PlanSpec, Space
 
 HARDWARE_DIR = SCENARIOS_DIR / "hardware"
 
@@ -80,6 +81,27 @@ def load_plan_inputs(tree: Mapping[str, Any] | DictConfig) -> PlanInputs:
     names = [o.name for o in plan.hardware]
     for name in {n for n in names if names.count(n) > 1}:
         problems.append(f"  plan.hardware: '{name}' listed twice; give each option once")
+    if not problems:  # a space with some layouts too big for a rack lists them per family
+        rack_gpus = max(hw.gpus_per_rack for hw in hardware.values())
+        if all(lay.gpus > rack_gpus for lay in smallest_layouts(plan.space)):
+            problems = unfit_space(plan.space, rack_gpus)
     if problems:
         raise PlanError("invalid plan:\n" + "\n".join(problems))
     return PlanInputs(plan, scenario, hardware)
+
+
+#: the space's fields that size the smallest layout of each family
+SIZED_BY = {"disaggregated": "decode_gpus x decode_instances + prefill_gpus_per_instance",
+            "colocated": "colocated_gpus"}
+
+
+def unfit_space(space: Space, rack_gpus: int) -> list[str]:
+    """A line per family of `space` whose smallest layout takes more than `rack_gpus` GPUs
+    (the plan's largest rack): every instance lives in one rack."""
+    least: dict[str, RackLayout] = {}
+    for lay in smallest_layouts(space):
+        if lay.family not in least or lay.gpus < least[lay.family].gpus:
+            least[lay.family] = lay
+    return [f"  plan.space ({SIZED_BY[family]}): the smallest {family} layout, {lay.name}, "
+            f"takes {lay.gpus} GPUs; the plan's largest rack holds {rack_gpus}: pick smaller "
+            "widths" for family, lay in least.items() if lay.gpus > rack_gpus]

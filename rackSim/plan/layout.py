@@ -10,7 +10,7 @@ splits the demand evenly (each rack serves `agents / racks`).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rackSim.plan.spec import Space
 
@@ -53,18 +53,30 @@ class RackLayout:
         return f"{self.decode_instances}x{dec}" if self.decode_instances > 1 else dec
 
 
-def rack_layouts(space: Space, gpus_per_rack: int) -> Iterator[RackLayout]:
-    """Every layout of `space` that fits a rack of `gpus_per_rack` GPUs."""
+def smallest_layouts(space: Space) -> Iterator[RackLayout]:
+    """One layout per family of `space`, with one instance of each kind: the fewest GPUs a
+    rack of that family takes."""
     for family in space.families:
         if family == "colocated":
             for cw in space.colocated_gpus:
-                for ci in range(1, min(space.colocated_instances_max,
-                                       gpus_per_rack // cw) + 1):
-                    yield RackLayout(family, 0, 0, 0, 0, ci, cw)
+                yield RackLayout(family, 0, 0, 0, 0, 1, cw)
             continue
         for dw in space.decode_gpus:
             for di in space.decode_instances:
-                left = gpus_per_rack - dw * di
                 for pw in space.prefill_gpus_per_instance:
-                    for pi in range(1, min(space.prefill_instances_max, left // pw) + 1):
-                        yield RackLayout(family, pi, pw, di, dw)
+                    yield RackLayout(family, 1, pw, di, dw)
+
+
+def rack_layouts(space: Space, gpus_per_rack: int) -> Iterator[RackLayout]:
+    """Every layout of `space` that fits a rack of `gpus_per_rack` GPUs: each family's
+    smallest layout with every instance count of its variable kind (prefill, or colocated)
+    the rack holds."""
+    for first in smallest_layouts(space):
+        if first.family == "colocated":
+            most = min(space.colocated_instances_max, gpus_per_rack // first.colocated_gpus)
+            for ci in range(1, most + 1):
+                yield replace(first, colocated_instances=ci)
+            continue
+        left = gpus_per_rack - first.decode_gpus * first.decode_instances
+        for pi in range(1, min(space.prefill_instances_max, left // first.prefill_gpus) + 1):
+            yield replace(first, prefill_instances=pi)

@@ -39,7 +39,8 @@ from pydantic import ValidationError
 from rackSim.config import with_changes
 from rackSim.config.specs import HardwareSpec, RunConfig
 from rackSim.plan.demand import DemandProfile
-from rackSim.plan.layout import RackLayout, rack_layouts
+from rackSim.plan.inputs import PlanError
+from rackSim.plan.layout import RackLayout, rack_layouts, smallest_layouts
 from rackSim.plan.queueing import mg1_wait_s, occupancy_quantile, wait_quantile_s
 from rackSim.plan.spec import PlanSpec, Space
 from rackSim.plan.speeds import ColocatedSpeed, DecodeSpeed, PrefillSpeed, decode_speed
@@ -150,6 +151,11 @@ class Screen:
         for opt in pl.hardware:
             hw = self.hardware[opt.name]
             price = opt.usd_per_gpu_hour(hw)
+            for first in smallest_layouts(pl.space):
+                if first.gpus > hw.gpus_per_rack:
+                    self.rejected.append(Rejected(opt.name, first.family_key, (
+                        f"{first.name} takes {first.gpus} GPUs; a rack holds "
+                        f"{hw.gpus_per_rack}")))
             for lay in rack_layouts(pl.space, hw.gpus_per_rack):
                 if lay.family == "colocated":
                     col = self._colocated_speed(opt.name, lay)
@@ -367,8 +373,18 @@ class Screen:
                                  "tokens_per_request"])
 
     def run(self) -> pd.DataFrame:
-        """Enumerate and price every candidate."""
-        return self.evaluate(self.candidates())
+        """Enumerate and price every candidate; `PlanError` when the scenario's rules refuse
+        every layout of the space, with their reasons."""
+        candidates = self.candidates()
+        if not len(candidates):
+            by_reason: dict[str, list[Rejected]] = {}
+            for r in self.rejected:
+                by_reason.setdefault(r.reason, []).append(r)
+            lines = [f"  {reason} ({len({(r.hardware, r.family) for r in rs})} families, e.g. "
+                     f"{rs[0].hardware}, {rs[0].family})" for reason, rs in by_reason.items()]
+            raise PlanError("no layout of plan.space can run on any hardware option of the "
+                            "plan; change plan.space or the scenario:\n" + "\n".join(lines))
+        return self.evaluate(candidates)
 
 
 def verdict(r, plan: PlanSpec) -> str:

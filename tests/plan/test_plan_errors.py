@@ -32,13 +32,26 @@ from rackSim.report.plan_table import format_plan
     ("plan.slo.ttft_p90_s_max=-1", "plan.slo.ttft_p90_s_max", "greater than 0"),
     ("+plan.demand.sessions_per_hour=100", "plan.demand", "exactly one of agents"),
     ("plan.limits.max_racks=0", "plan.limits.max_racks", "greater than 0"),
-    ("+plan.budget=3", "plan.budget", "unknown key"),
 ])
 def test_bad_plans_name_the_field(override, field, says):
     with pytest.raises(PlanError) as err:
         compose_plan(["plan=agentx_reference", override])
     line = next(x for x in str(err.value).splitlines() if x.strip().startswith(field))
     assert says in line
+
+
+def test_a_space_with_no_layout_that_fits_a_rack_names_its_fields():
+    # every instance lives in one 72-GPU rack: a DEP72 decode leaves no room for a prefill
+    with pytest.raises(PlanError) as err:
+        compose_plan(["plan=agentx_reference", "plan.space.decode_gpus=[72,128]",
+                      "plan.space.prefill_gpus_per_instance=[4,2]",
+                      "plan.space.colocated_gpus=[80]"])
+    assert str(err.value).splitlines()[1:] == [
+        "  plan.space (decode_gpus x decode_instances + prefill_gpus_per_instance): the smallest "
+        "disaggregated layout, P1xDEP2+DEP72, takes 74 GPUs; the plan's largest rack holds 72: "
+        "pick smaller widths",
+        "  plan.space (colocated_gpus): the smallest colocated layout, C1xDEP80, takes 80 GPUs; "
+        "the plan's largest rack holds 72: pick smaller widths"]
 
 
 def test_no_plan_chosen_says_how_to_pick_one():
@@ -48,14 +61,36 @@ def test_no_plan_chosen_says_how_to_pick_one():
         load_plan_inputs(compose_tree([]))
 
 
-def test_cli_refuses_before_running(tmp_path):
+@pytest.mark.parametrize("overrides, says", [
+    (["plan=agentx_reference", "plan.hardware=[{name: gb300_nvl72, rental_usd_per_gpu_hour: -1}]"],
+     "plan.hardware[0].rental_usd_per_gpu_hour"),
+    # fits the rack, but the scenario's rules refuse every layout: after the screen, before
+    # anything is simulated or written
+    (SMALL + ["plan.space.decode_gpus=[5]", "plan.space.colocated_gpus=[5]"],
+     "deployment.decode.gpus=5: 384 routed + 0 redundant experts cannot be spread evenly"),
+])
+def test_cli_refuses_before_running(tmp_path, overrides, says):
     run = subprocess.run(
-        [sys.executable, "-c", "from rackSim.cli import plan; plan()", "plan=agentx_reference",
-         "plan.hardware=[{name: gb300_nvl72, rental_usd_per_gpu_hour: -1}]",
+        [sys.executable, "-c", "from rackSim.cli import plan; plan()", *overrides,
          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 2
-    assert "plan.hardware[0].rental_usd_per_gpu_hour" in run.stderr
+    assert run.returncode == 2, run.stderr
+    assert says in run.stderr and "Traceback" not in run.stderr
     assert not (tmp_path / "plan.html").exists() and not (tmp_path / "candidates").exists()
+
+
+def test_every_layout_refused_names_each_reason_once(tmp_path):
+    inputs = compose_plan(SMALL + ["plan.space.decode_gpus=[5]", "plan.space.colocated_gpus=[5,7]"])
+    with pytest.raises(PlanError) as err:
+        run_plan(inputs, tmp_path)
+    lines = str(err.value).splitlines()
+    assert lines[0].startswith("no layout of plan.space can run")
+    # one line per reason, with how many families it refused: DEP5 and 2 x DEP5 decode (each
+    # family's 3 prefill instance counts are one family)
+    assert [x.split(":")[0].strip() for x in lines[1:]] == [
+        "deployment.decode.gpus=5", "deployment.colocated.gpus=5", "deployment.colocated.gpus=7"]
+    assert lines[1].endswith("(2 families, e.g. gb300_nvl72, disaggregated: DEP2 prefill + "
+                             "DEP5 decode)")
+    assert not list(tmp_path.iterdir())
 
 
 def test_unservable_demand_gets_the_best_found_and_the_missed_slo(tmp_path):

@@ -99,6 +99,29 @@ def test_rack_layouts_by_hand():
                for lay in rack_layouts(colocated, 72))
 
 
+
+def test_a_family_too_big_for_the_rack_is_a_reason_not_a_gap():
+    """2 x DEP64 decode and a DEP2 prefill take 130 GPUs: the families table says so, while
+    one DEP64 (with up to 3 prefill instances in 72 GPUs) is screened."""
+    from plan_support import SMALL, compose_plan
+
+    from rackSim.plan.choose import families
+
+    inputs = compose_plan(SMALL + ["plan.space.decode_gpus=[64]",
+                                   "plan.space.decode_instances=[1,2]",
+                                   "plan.space.families=[disaggregated]"])
+    cfg = inputs.scenario
+    demand = profile_demand(load_sessions(cfg.workload, cfg.seed), 3.25,
+                            lanes=inputs.plan.demand.agents)
+    screen = Screen(cfg, inputs.plan, inputs.hardware, demand)
+    rows = screen.run()
+    assert set(rows["layout"]) == {"P1xDEP2+DEP64", "P2xDEP2+DEP64", "P3xDEP2+DEP64"}
+    table = families(rows, screen.rejected, rows.iloc[0:0])
+    why = table.set_index("family")["why"]
+    assert why["disaggregated: DEP2 prefill + 2xDEP64 decode"] == (
+        "does not fit: P1xDEP2+2xDEP64 takes 130 GPUs; a rack holds 72")
+
+
 @pytest.fixture(scope="module")
 def screened(small_inputs) -> tuple[pd.DataFrame, Screen]:
     cfg = small_inputs.scenario
