@@ -19,7 +19,9 @@ Run: `python benchmarks/bench_fleet.py [--racks 1 14] [--layout fleet_full_rack]
 `--curve UNTIL_S` instead runs each fleet to UNTIL_S simulated seconds and prints its CPU per
 event per `--chunk-s` chunk of simulated time, and, for the chunk starting at `--calls-at`,
 the Python calls per event (that chunk runs under cProfile, its CPU is not compared): whether
-a growth in CPU per event is more work per event or the same work getting slower.
+a growth in CPU per event is more work per event or the same work getting slower. After the
+fleets, the functions whose own time per event in that chunk grew most from the first fleet
+to the last (`--top`, default 12), with their calls per event: where the growth lands.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from rackSim.config import compose_scenario
 from rackSim.engine.simulation import Simulation
@@ -95,14 +98,32 @@ def one(layout: str | None, racks: int, window_s: float, warmup: int,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def per_event(stats: dict, events: int) -> dict[str, tuple[float, float]]:
+    """`function: (calls, own microseconds)` per event of a cProfile `stats` table."""
+    return {f"{Path(file).name}:{line}:{name}": (calls / events, own / events * 1e6)
+            for (file, line, name), (_, calls, own, _, _) in stats.items()}
+
+
+def growth(first: dict, last: dict, top: int) -> list[str]:
+    """Lines for the `top` functions whose own time per event grew most from `first` to
+    `last` (`per_event` tables)."""
+    rows = sorted(((last.get(f, (0, 0))[1] - first.get(f, (0, 0))[1], f)
+                   for f in first.keys() | last.keys()), reverse=True)[:top]
+    return [f"{d:+7.2f} us/event  own {first.get(f, (0, 0))[1]:6.2f} -> "
+            f"{last.get(f, (0, 0))[1]:6.2f}  calls/event {first.get(f, (0, 0))[0]:6.3f} -> "
+            f"{last.get(f, (0, 0))[0]:6.3f}  {f}" for d, f in rows]
+
+
 def curve(layout: str, racks: int, until_s: float, chunk_s: float, calls_at: float | None,
           warmup: int, overrides: list[str]) -> None:
     """Print, per chunk of simulated time, the CPU per event of `racks` racks of `layout` at
-    the reference's clients per GPU (JSON lines); one chunk under cProfile counts calls."""
+    the reference's clients per GPU (JSON lines); one chunk under cProfile counts calls, and
+    its per-function table (`per_event`) is the last line."""
     import cProfile
     import pstats
 
     env = started_fleet(layout, racks, until_s, warmup, overrides).env
+    table = None
     while env.now < until_s:
         c0, e0, t0 = time.process_time(), env.events_scheduled, env.now
         profiled = calls_at is not None and t0 <= calls_at < t0 + chunk_s
@@ -116,13 +137,15 @@ def curve(layout: str, racks: int, until_s: float, chunk_s: float, calls_at: flo
         row = {"racks": racks, "t_s": round(env.now), "events": env.events_scheduled - e0}
         if prof:
             prof.disable()
-            calls = sum(v[1] for v in pstats.Stats(prof).stats.values())
-            row["calls_per_event"] = round(calls / max(row["events"], 1), 2)
+            table = per_event(pstats.Stats(prof).stats, max(row["events"], 1))
+            row["calls_per_event"] = round(sum(c for c, _ in table.values()), 2)
         else:
             row["cpu_us_per_event"] = round((time.process_time() - c0)
                                             / max(row["events"], 1) * 1e6, 2)
         row["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         print(json.dumps(row), flush=True)
+    if table is not None:
+        print(json.dumps({"functions": table}), flush=True)
 
 
 def fleet_parser(doc: str | None) -> argparse.ArgumentParser:
@@ -143,6 +166,8 @@ def main() -> None:
     ap.add_argument("--chunk-s", type=float, default=60.0, help="chunk of --curve (sim s)")
     ap.add_argument("--calls-at", type=float, help="--curve: count Python calls per event "
                     "in the chunk starting at this simulated second")
+    ap.add_argument("--top", type=int, default=12, help="--calls-at: functions listed whose "
+                    "own time per event grew most")
     ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # child: LAYOUT RACKS
     ap.add_argument("--curve-one", help=argparse.SUPPRESS)  # child of --curve (JSON args)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the reference scenario")
@@ -156,10 +181,22 @@ def main() -> None:
                              args.overrides)))
         return
     if args.curve is not None:
+        tables = []
         for racks in args.racks:  # one process at a time, so that neither slows the other
-            subprocess.run([sys.executable, __file__, "--curve-one", json.dumps(
+            child = subprocess.Popen([sys.executable, __file__, "--curve-one", json.dumps(
                 [args.layout, racks, args.curve, args.chunk_s, args.calls_at,
-                 args.warmup_requests, args.overrides])], check=True)
+                 args.warmup_requests, args.overrides])], stdout=subprocess.PIPE, text=True)
+            for line in child.stdout:
+                if line.startswith('{"functions"'):
+                    tables.append(json.loads(line)["functions"])
+                else:
+                    print(line, end="", flush=True)
+            if child.wait():
+                sys.exit(f"bench_fleet: the {racks}-rack curve failed")
+        if len(tables) > 1:
+            print(f"own time per event, {args.racks[-1]} racks against {args.racks[0]}, in the "
+                  f"chunk from t = {args.calls_at:g} s (under cProfile):")
+            print("\n".join(growth(tables[0], tables[-1], args.top)))
         return
     print(" ".join(f"{c:>16}" for c in COLS), flush=True)
     rows = []
