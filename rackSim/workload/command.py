@@ -17,8 +17,16 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
+from pydantic import ValidationError
 
-from rackSim.config.errors import InputError, WorkloadFileError
+from rackSim.config.errors import (
+    InputError,
+    PoolInputError,
+    TraceInputError,
+    WorkloadFileError,
+    read_yaml_mapping,
+)
+from rackSim.config.loading import describe_fields
 from rackSim.workload.agentx import AgentXSpec
 from rackSim.workload.graph import SessionGraph
 from rackSim.workload.jsonl import save_jsonl
@@ -33,25 +41,27 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--agentx", nargs="?", const="", metavar="SPEC.yaml",
                      help="AgentX-style generator (defaults, or an AgentXSpec YAML)")
     src.add_argument("--scenario", metavar="WORKLOAD.yaml",
-                     help="a scenarios/workload/*.yaml file (source agentx, synthetic, jsonl, "
-                          "mooncake or azure)")
+                     help="a workload scenario: a scenarios/workload/*.yaml file or its name "
+                          "(source agentx, synthetic, jsonl, mooncake or azure)")
     src.add_argument("--jsonl", metavar="FILE", help="a racksim-workload JSONL file")
     src.add_argument("--mooncake", metavar="FILE", help="a Mooncake trace (JSONL)")
     src.add_argument("--azure", metavar="FILE", help="an Azure LLM-inference trace (CSV)")
-    p.add_argument("--sessions", type=int,
+    p.add_argument("--sessions", type=_above(int, 0),
                    help="sessions to generate (generators; default: the AgentX spec's own, "
                         "or the scenario's num_sessions)")
     p.add_argument("--seed", type=int, default=0, help="generator / jitter seed (default 0)")
-    p.add_argument("--jitter-s", type=float, help="Mooncake arrival jitter (default: auto)")
-    p.add_argument("--speedup", type=float, default=1.0,
+    p.add_argument("--jitter-s", type=_above(float, 0, equal=True),
+                   help="Mooncake arrival jitter (default: auto)")
+    p.add_argument("--speedup", type=_above(float, 0), default=1.0,
                    help="trace time compression (default 1.0)")
-    p.add_argument("--concurrency", type=int,
+    p.add_argument("--concurrency", type=_above(int, 0),
                    help="closed-loop lanes (default: every session starts at t=0)")
-    p.add_argument("--ttft-s", type=float, default=1.0,
+    p.add_argument("--ttft-s", type=_above(float, 0, equal=True), default=1.0,
                    help="nominal time to first token (s; default 1.0)")
-    p.add_argument("--tpot-s", type=float, default=0.005,
+    p.add_argument("--tpot-s", type=_above(float, 0, equal=True), default=0.005,
                    help="nominal time per output token (s; default 0.005)")
-    p.add_argument("--cache-tokens", type=float, nargs="*", default=[float(1 << 20)],
+    p.add_argument("--cache-tokens", type=_above(float, 0), nargs="*",
+                   default=[float(1 << 20)],
                    help="finite LRU prefix-cache capacities (tokens; default 1048576)")
     p.add_argument("--out", type=Path, help="directory for summary.json, requests.csv, PNG "
                    "(default: print the table only)")
@@ -62,35 +72,68 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _above(kind: type, low: float, equal: bool = False):
+    """An argparse type: a `kind` number above `low` (at least, with `equal`)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value < low or (value == low and not equal):
+            raise argparse.ArgumentTypeError(
+                f"{text} must be {'at least' if equal else 'above'} {low:g}")
+        return value
+    return parse
+
+
+#: the file flags of the trace and pool sources, each with its input class
+FILE_SOURCES = {"jsonl": PoolInputError, "mooncake": TraceInputError,
+                "azure": TraceInputError}
+
+
 def load_source(args: argparse.Namespace) -> tuple[list[SessionGraph], str]:
-    """The session graphs the arguments name, and a label for them."""
+    """The session graphs the arguments name, and a label for them; an `InputError` of the
+    source's class names the flag, the file and the fix."""
     if args.agentx is not None:
-        raw = yaml.safe_load(Path(args.agentx).read_text()) if args.agentx else {}
-        spec = AgentXSpec.model_validate(raw or {})
+        raw = read_yaml_mapping(args.agentx, "--agentx", WorkloadFileError,
+                                "AgentXSpec fields (docs/workload.md)") if args.agentx else {}
+        try:
+            spec = AgentXSpec.model_validate(raw)
+        except ValidationError as err:
+            raise WorkloadFileError(f"--agentx {args.agentx}: invalid AgentX spec:\n"
+                                    + "\n".join(describe_fields(err))) from None
         return load_graphs("agentx", seed=args.seed, num_sessions=args.sessions,
                            agentx=spec), f"agentx seed={args.seed}"
     if args.scenario:
-        return _scenario(Path(args.scenario), args)
-    for source in ("jsonl", "mooncake", "azure"):
+        return _scenario(args.scenario, args)
+    for source, error in FILE_SOURCES.items():
         path = getattr(args, source)
         if path:
+            if not Path(path).is_file():
+                what = "a directory" if Path(path).is_dir() else "no such file"
+                raise error(f"--{source} {path}: {what}; give the {source} file's path")
             return load_graphs(source, seed=args.seed, path=path, jitter_s=args.jitter_s), path
     raise AssertionError("argparse requires one source")
 
 
-def _scenario(path: Path, args: argparse.Namespace) -> tuple[list[SessionGraph], str]:
-    """A workload scenario YAML (the `WorkloadSpec` fields this command needs)."""
-    w = yaml.safe_load(path.read_text())
-    source = w.get("source", "synthetic")
-    synthetic = None
-    if source == "synthetic":
-        from rackSim.config.specs import SyntheticSessionsSpec
-        synthetic = SyntheticSessionsSpec.model_validate(w["synthetic"])
-    agentx = AgentXSpec.model_validate(w.get("agentx") or {}) if source == "agentx" else None
-    graphs = load_graphs(source, seed=args.seed, num_sessions=args.sessions or
-                         w.get("num_sessions"), path=w.get("path"), agentx=agentx,
-                         synthetic=synthetic, jitter_s=args.jitter_s)
-    return graphs, f"{path} ({source})"
+def _scenario(name: str, args: argparse.Namespace) -> tuple[list[SessionGraph], str]:
+    """A workload scenario: a WorkloadSpec YAML file, or the name of one in
+    scenarios/workload/, validated as `racksim` validates it."""
+    from rackSim.config import SCENARIOS_DIR
+    from rackSim.config.loading import load_workload_file
+
+    path = Path(name)
+    if not path.is_file():
+        known = sorted(p.stem for p in (SCENARIOS_DIR / "workload").glob("*.yaml"))
+        if name not in known:
+            raise WorkloadFileError(f"--scenario {name}: no such file or workload scenario; "
+                                    f"give a WorkloadSpec YAML or one of {known}")
+        path = SCENARIOS_DIR / "workload" / f"{name}.yaml"
+    w = load_workload_file(path)
+    graphs = load_graphs(w.source, seed=args.seed, num_sessions=args.sessions or w.num_sessions,
+                         path=w.path, agentx=w.agentx, synthetic=w.synthetic,
+                         jitter_s=args.jitter_s)
+    return graphs, f"{path} ({w.source})"
 
 
 def print_table(stats: WorkloadStats) -> None:

@@ -129,3 +129,52 @@ def test_racksim_workload_describe_uses_the_class_codes(tmp_path, capsys):
     assert main(["--mooncake", str(trace)]) == TraceInputError.exit_code
     err = capsys.readouterr().err
     assert "pool.jsonl:1: field 'block_tokens'" in err and "t.jsonl:1: field 'input_length'" in err
+
+
+@pytest.mark.parametrize("args, code, says", [
+    # a source file that is not there, or a directory: the source's class, flag and file named
+    (["--mooncake", "{tmp}/none.jsonl"], 6, "--mooncake {tmp}/none.jsonl: no such file; give"),
+    (["--azure", "{tmp}"], 6, "--azure {tmp}: a directory; give the azure file's path"),
+    (["--jsonl", "{tmp}"], 5, "--jsonl {tmp}: a directory"),
+    # a spec or scenario that is not a mapping, not valid, or not found: the workload YAML class
+    (["--agentx", "{tmp}/list.yaml"], 4, "--agentx {tmp}/list.yaml: expected a mapping of "
+     "AgentXSpec fields"),
+    (["--agentx", "{tmp}/bad_agentx.yaml"], 4, "--agentx {tmp}/bad_agentx.yaml: invalid AgentX "
+     "spec:\n  turnz: unknown key"),
+    (["--scenario", "{tmp}/list.yaml"], 4, "workload {tmp}/list.yaml: expected a mapping of "
+     "WorkloadSpec fields"),
+    (["--scenario", "azure_cod"], 4, "--scenario azure_cod: no such file or workload scenario; "
+     "give a WorkloadSpec YAML or one of ['agentx', "),
+])
+def test_racksim_workload_describe_names_the_flag_and_file(tmp_path, capsys, args, code, says):
+    from rackSim.workload.command import main
+
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    (tmp_path / "bad_agentx.yaml").write_text("turnz: 5\n")
+    assert main([a.format(tmp=tmp_path) for a in args]) == code
+    err = capsys.readouterr().err
+    assert err.startswith(f"racksim-workload: {says.format(tmp=tmp_path)}")
+    assert "Traceback" not in err and "Errno" not in err
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--cache-tokens", "-5", "-5 must be above 0"), ("--sessions", "0", "0 must be above 0"),
+    ("--speedup", "0", "0 must be above 0"), ("--concurrency", "-1", "-1 must be above 0"),
+    ("--tpot-s", "-0.1", "-0.1 must be at least 0"), ("--ttft-s", "x", "'x' is not a number"),
+])
+def test_racksim_workload_describe_refuses_bad_numbers(capsys, flag, value, says):
+    from rackSim.workload.command import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--agentx", flag, value])
+    assert stop.value.code == 2
+    assert f"argument {flag}: {says}" in capsys.readouterr().err
+
+
+def test_racksim_workload_describe_takes_a_scenario_by_name(capsys):
+    from rackSim.workload.command import main
+
+    assert main(["--scenario", "synthetic", "--sessions", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "scenarios/workload/synthetic.yaml (synthetic)" in out
+    assert out.splitlines()[1].split() == ["sessions", "3"]
