@@ -362,6 +362,14 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
     if not (args.run or args.log or args.bench):
         raise BadInput("ingest: give --run, --log and/or --bench")
+    for flag, what in (("log", "a vLLM server log"), ("bench", "a `vllm bench serve` JSON")):
+        path = getattr(args, flag)
+        if path is not None and not path.is_file():
+            why = "a directory" if path.is_dir() else "no such file"
+            raise BadInput(f"--{flag} {path}: {why}; give {what}")
+    if args.run is not None and not (args.run / "records.jsonl").is_file():
+        raise BadInput(f"--run {args.run}: no records.jsonl in it; give a `racksim-validate "
+                       "run` directory")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.log:
         steps = read_iteration_log(args.log)

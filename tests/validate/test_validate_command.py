@@ -49,6 +49,19 @@ def test_ingest_and_bad_inputs(run_dir, tmp_path, capsys):
     assert "racksim-validate fit" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag, given, says", [
+    ("--log", "missing.log", "--log {tmp}/missing.log: no such file; give a vLLM server log"),
+    ("--bench", "", "--bench {tmp}: a directory; give a `vllm bench serve` JSON"),
+    ("--run", "", "--run {tmp}: no records.jsonl in it; give a `racksim-validate run` "
+     "directory"),
+])
+def test_ingest_names_a_missing_input_and_writes_nothing(tmp_path, capsys, flag, given, says):
+    out = tmp_path / "out"
+    assert main(["ingest", flag, str(tmp_path / given), "--out", str(out)]) == EXIT_BAD_INPUT
+    assert capsys.readouterr().err == f"racksim-validate ingest: {says.format(tmp=tmp_path)}\n"
+    assert not out.exists()
+
+
 def _edit_meta(run_dir, **changes) -> None:
     path = run_dir / "run.json"
     meta = json.loads(path.read_text())
