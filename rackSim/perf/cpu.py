@@ -123,11 +123,6 @@ class StragglerModel:
             self._moments[key] = got
         return got
 
-    def expected_ms(self, lag_ms: float | None = None) -> float:
-        """Expected straggler delay per step (ms), for a lagged rank `lag_ms` late per sync
-        point (default: the full `lag_ms`)."""
-        return self._step_moments(self.lag_ms if lag_ms is None else lag_ms)[0]
-
     def draw(self, lag_ms: float | None = None) -> tuple[float, float]:
         """(expected, sampled) straggler delay of one step (ms), from one moments lookup
         (none without lagged ranks: the moments are then those of every step)."""
