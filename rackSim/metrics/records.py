@@ -74,13 +74,6 @@ class RequestRecord:
     def ttft_ms(self) -> float:
         return (self.first_token_s - self.send_s) * 1e3
 
-    @property
-    def tpot_ms(self) -> float:
-        """Mean time per output token after the first (ms); NaN with fewer than 2 tokens."""
-        if self.output_tokens < 2:
-            return NAN
-        return (self.finish_s - self.first_token_s) * 1e3 / (self.output_tokens - 1)
-
     def as_row(self) -> dict:
         row = asdict(self)
         row["token_times_s"] = list(self.token_times_s)

@@ -22,10 +22,10 @@ records the server's shape (scheduler limits, KV cache) it was measured on.
 
 A request's intake also takes host time from the engine: the API server parses it and hands
 it over, and the engine core takes it in, on the CPU the engine core runs its steps from, so
-a decode-only step in progress when a request is sent ends later by
-`intake_stall(prompt_tokens)` = `intake_stall_ms` + `intake_stall_per_token_ms` x its prompt
-tokens; a step that computes a prompt is long enough to absorb it (measured: docs/validate.md).
-The request's own wait before the scheduler is `api_overhead_ms`; the stall is what the
+a decode-only step in progress when a request is sent ends later by `intake_stall_ms` +
+`intake_stall_per_token_ms` x its prompt tokens (engine/colocated.py adds it); a step that
+computes a prompt is long enough to absorb it (measured: docs/validate.md). The request's
+own wait before the scheduler is `api_overhead_ms`; the stall is what the
 other requests' steps lose to it.
 
 Steps with the same counts do not take the same time on a real server (on the 2-core CPU
@@ -118,11 +118,6 @@ class Profile:
     def between_steps_ms(self, requests: float) -> float:
         """The host-side time between two steps (ms) after a step with `requests` requests."""
         return self.overhead_ms + self.overhead_per_request_ms * requests
-
-    def intake_stall(self, prompt_tokens: int) -> float:
-        """Host time (ms) a request of `prompt_tokens` takes from a decode-only step in
-        progress when it is sent (its intake by the API server and the engine core)."""
-        return self.intake_stall_ms + self.intake_stall_per_token_ms * prompt_tokens
 
     def ratios(self, steps: list[tuple]) -> dict[str, float]:
         """How long logged `steps` (rows in STEP_COLUMNS order) took against this profile, per

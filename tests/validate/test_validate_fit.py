@@ -233,7 +233,9 @@ def test_the_log_fit_reads_the_intake_stall_from_the_gaps_a_request_was_sent_in(
     assert stall["samples"] >= 30
     assert prof.intake_stall_ms == pytest.approx(2.0, abs=0.02)
     assert prof.intake_stall_per_token_ms == pytest.approx(0.001, abs=2e-5)
-    assert prof.intake_stall(1500) == pytest.approx(3.5, abs=0.05)
+    # a 1,500-token prompt stalls the step in progress 2 + 0.001 x 1,500 = 3.5 ms
+    assert prof.intake_stall_ms + prof.intake_stall_per_token_ms * 1500 == pytest.approx(
+        3.5, abs=0.05)
     assert prof.overhead_ms == pytest.approx(0.5, abs=0.01)
     assert prof.overhead_per_request_ms == pytest.approx(0.3, abs=0.01)
     assert prof.decode_jitter == pytest.approx([1.0] * JITTER_LEVELS, abs=1e-6)
@@ -260,7 +262,7 @@ def test_an_intake_stalls_the_decode_step_in_progress_and_a_prefill_step_absorbs
             assert extra == pytest.approx(0.0, abs=1e-9)
             absorbed += bool(inside)
         else:
-            assert extra == pytest.approx(sum(truth.intake_stall(n) for n in inside), abs=1e-9)
+            assert extra == pytest.approx(sum(2.0 + 0.001 * n for n in inside), abs=1e-9)
             stalled += bool(inside)
     assert stalled >= 30 and absorbed >= 5
 
