@@ -53,13 +53,14 @@ def load_run_config(tree: Mapping[str, Any] | Any) -> RunConfig:
         raise ConfigError(_describe(err)) from None
 
 
-def load_workload_file(path: Any) -> WorkloadSpec:
+def load_workload_file(path: Any, defaults: Mapping[str, Any] | None = None) -> WorkloadSpec:
     """A WorkloadSpec YAML file, validated; WorkloadFileError names the file, the line (YAML
-    syntax) or the fields, and the fix."""
+    syntax) or the fields, and the fix. `defaults`: top-level fields the file may leave out
+    (a caller that does not read them)."""
     data = read_yaml_mapping(path, "workload", WorkloadFileError,
                              "WorkloadSpec fields (name, source, replay, ...; docs/workload.md)")
     try:
-        return WorkloadSpec.model_validate(data)
+        return WorkloadSpec.model_validate({**(defaults or {}), **data})
     except ValidationError as err:
         raise WorkloadFileError(f"workload {path}: invalid workload:\n"
                                 + "\n".join(describe_fields(err))) from None

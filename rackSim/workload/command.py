@@ -129,7 +129,9 @@ def _scenario(name: str, args: argparse.Namespace) -> tuple[list[SessionGraph], 
             raise WorkloadFileError(f"--scenario {name}: no such file or workload scenario; "
                                     f"give a WorkloadSpec YAML or one of {known}")
         path = SCENARIOS_DIR / "workload" / f"{name}.yaml"
-    w = load_workload_file(path)
+    # what is described is the source: a file without a name or a replay section is too
+    w = load_workload_file(path, {"name": path.stem,
+                                  "replay": {"concurrency": 1, "window_s": 1.0}})
     graphs = load_graphs(w.source, seed=args.seed, num_sessions=args.sessions or w.num_sessions,
                          path=w.path, agentx=w.agentx, synthetic=w.synthetic,
                          jitter_s=args.jitter_s)
