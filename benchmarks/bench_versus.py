@@ -16,13 +16,18 @@ Cases: `reference` (the reference scenario, `--window-s` of window), `fleet` (14
 `fleet_full_rack` at the reference per-GPU load), `mooncake` (the Mooncake conversation trace,
 one hour open loop), `mooncake-process` (the same as a whole `racksim` run).
 
+`--python PYTHON` runs this tree's cases with another interpreter (an environment with
+rackSim's dependencies installed, e.g. `PY=/usr/bin/python3 make venv VENV=/tmp/v`): with
+`--base HEAD`, the same code under two interpreters (whether results stay bit-identical,
+and which runs it faster).
+
 `--instructions` counts the event loop's instructions under valgrind's callgrind instead of
 timing it: one run per tree, the same count on a busy machine (this machine's CPU time moves
 by 15-40 % over a day, more than most changes), 50-100x slower; it leaves out what the
 hardware adds (cache misses, branch mispredictions), which the timed runs keep.
 
 Run: `python benchmarks/bench_versus.py --base HEAD~1 [--cases reference mooncake]
-[--repeat 3] [--window-s 300] [--instructions]`.
+[--repeat 3] [--window-s 300] [--instructions] [--python PYTHON]`.
 """
 
 from __future__ import annotations
@@ -87,45 +92,44 @@ def overrides(case: str, window_s: float) -> list[str]:
     raise SystemExit(f"bench_versus: unknown case {case!r}")
 
 
-def check_imports_own(tree: Path) -> None:
+def check_imports_own(tree: Path, python: str) -> None:
     """Stop unless a child run on `tree` imports rackSim from `tree`."""
-    got = subprocess.run([sys.executable, "-P", "-c", "import rackSim; print(rackSim.__file__)"],
+    got = subprocess.run([python, "-P", "-c", "import rackSim; print(rackSim.__file__)"],
                          env={**os.environ, "PYTHONPATH": str(tree)}, cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout.strip()
     if not Path(got).resolve().is_relative_to(tree.resolve()):
         sys.exit(f"bench_versus: a run on {tree} imports rackSim from {got}")
 
 
-def run_in(tree: Path, case: str, window_s: float, scratch: Path,
+def run_in(tree: Path, python: str, case: str, window_s: float, scratch: Path,
            instructions: bool = False) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     if instructions:
-        return counted_in(tree, case, window_s, scratch)
+        return counted_in(tree, python, case, window_s, scratch)
     if case.endswith("-process"):
         out_dir = scratch / f"run-{time.monotonic_ns()}"
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-P", "-c", "from rackSim.cli import run; run()",
+        subprocess.run([python, "-P", "-c", "from rackSim.cli import run; run()",
                         *overrides(case, window_s), f"hydra.run.dir={out_dir}",
                         "progress=false"], env=env, cwd=ROOT, check=True,
                        capture_output=True)
         wall = time.perf_counter() - t0
         shutil.rmtree(out_dir, ignore_errors=True)
         return {"wall_s": wall}
-    child = subprocess.run([sys.executable, "-P", "-c", CHILD,
-                            json.dumps(overrides(case, window_s))],
+    child = subprocess.run([python, "-P", "-c", CHILD, json.dumps(overrides(case, window_s))],
                            env=env, cwd=ROOT, capture_output=True, text=True)
     if child.returncode:
         sys.exit(f"bench_versus: {case} failed in {tree}:\n{child.stderr}")
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
-def counted_in(tree: Path, case: str, window_s: float, scratch: Path) -> dict:
+def counted_in(tree: Path, python: str, case: str, window_s: float, scratch: Path) -> dict:
     """Instructions of the event loop of `case` in `tree`, counted by valgrind's callgrind
     (the same on a busy machine: one run per tree is the measurement)."""
     out = scratch / f"callgrind-{time.monotonic_ns()}.out"
     child = subprocess.run(
         ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-         sys.executable, "-P", "-c", CHILD, json.dumps(overrides(case, window_s))],
+         python, "-P", "-c", CHILD, json.dumps(overrides(case, window_s))],
         env={**os.environ, "PYTHONPATH": str(tree), "BENCH_CALLGRIND": "1"}, cwd=ROOT,
         capture_output=True, text=True)
     if child.returncode:
@@ -156,6 +160,8 @@ def main() -> None:
     ap.add_argument("--instructions", action="store_true",
                     help="count the event loop's instructions under valgrind instead of "
                     "timing it (deterministic: one run per tree; 50-100x slower)")
+    ap.add_argument("--python", default=sys.executable,
+                    help="interpreter of this tree's runs (default: this one)")
     args = ap.parse_args()
     if args.instructions:
         args.repeat = 1
@@ -166,15 +172,16 @@ def main() -> None:
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base),
                     args.base], check=True)
     try:
-        check_imports_own(base)
-        check_imports_own(ROOT)
+        check_imports_own(base, sys.executable)
+        check_imports_own(ROOT, args.python)
+        python = {"base": sys.executable, "this": args.python}
         for case in args.cases:
             runs: dict[str, list[dict]] = {"base": [], "this": []}
             for i in range(args.repeat):
                 order = [("base", base), ("this", ROOT)]
                 for name, tree in order if i % 2 == 0 else order[::-1]:
-                    runs[name].append(run_in(tree, case, args.window_s, scratch,
-                                             args.instructions))
+                    runs[name].append(run_in(tree, python[name], case, args.window_s,
+                                             scratch, args.instructions))
                     print(f"{case} {name} #{i + 1}: {runs[name][-1]}", flush=True)
             key = ("instructions" if args.instructions
                    else "wall_s" if case.endswith("-process") else "cpu_s")
