@@ -81,7 +81,9 @@ def load_plan_inputs(tree: Mapping[str, Any] | DictConfig) -> PlanInputs:
     names = [o.name for o in plan.hardware]
     for name in {n for n in names if names.count(n) > 1}:
         problems.append(f"  plan.hardware: '{name}' listed twice; give each option once")
-    if not problems:  # a space with some layouts too big for a rack lists them per family
+    # a space none of whose layouts fits a rack is refused; of one where some fit, the
+    # screen lists the others per family as not fitting
+    if not problems:
         rack_gpus = max(hw.gpus_per_rack for hw in hardware.values())
         if all(lay.gpus > rack_gpus for lay in smallest_layouts(plan.space)):
             problems = unfit_space(plan.space, rack_gpus)

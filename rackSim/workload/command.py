@@ -78,7 +78,8 @@ def _above(kind: type, low: float, equal: bool = False):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            number = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {number}") from None
         if value < low or (value == low and not equal):
             raise argparse.ArgumentTypeError(
                 f"{text} must be {'at least' if equal else 'above'} {low:g}")
