@@ -38,6 +38,7 @@ import yaml
 
 from rackSim.calibrate import aic
 from rackSim.calibrate.scenario import CALIBRATION, DEFAULT_PROFILE, SCENARIOS
+from rackSim.config.errors import InputError
 from rackSim.config.specs import HardwareSpec, ModelSpec
 from rackSim.perf.attention import AttentionCost, attention_cost
 from rackSim.perf.calibrated import gemm_kernel
@@ -336,8 +337,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     out = args.out or CALIBRATION / f"{args.hardware}__{args.model}.yaml"
     try:
-        p = table_profile(args.model, args.hardware, Profile.load(args.base),
+        p = table_profile(args.model, args.hardware, Profile.load(args.base, "--base"),
                           lambda s: print(s, file=sys.stderr))
+    except InputError as e:  # the base profile: its class's exit code
+        print(f"racksim-calibrate profile: {e}", file=sys.stderr)
+        return e.exit_code
     except (TableError, ValueError) as e:
         print(f"racksim-calibrate profile: {e}", file=sys.stderr)
         return 2

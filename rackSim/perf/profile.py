@@ -78,17 +78,18 @@ class Profile:
                                              width=100))
 
     @classmethod
-    def load(cls, path: str | Path) -> Profile:
-        """Read a profile; ProfileInputError names the file, the line or field, and the fix."""
-        data = read_profile_yaml(path)
+    def load(cls, path: str | Path, label: str = "perf.profile") -> Profile:
+        """Read a profile; ProfileInputError names `label` (the key or flag that gave
+        `path`), the file, the line or field, and the fix."""
+        data = read_profile_yaml(path, label)
         for key in ("name", "params"):
             if key not in data:
                 raise ProfileInputError(
-                    f"perf.profile {path}: no '{key}' field, so this is not a calibration "
-                    "profile; point perf.profile at a file `racksim-calibrate` wrote "
+                    f"{label} {path}: no '{key}' field, so this is not a calibration "
+                    f"profile; point {label} at a file `racksim-calibrate` wrote "
                     "(calibration/*.yaml)")
         if not isinstance(data["params"], dict):
-            raise ProfileInputError(f"perf.profile {path}: field 'params' must be a mapping "
+            raise ProfileInputError(f"{label} {path}: field 'params' must be a mapping "
                                     "of parameter name to {value, unit, fitted_to, source}")
         known = {"name", "constants", "params", "settings", "residuals", "kernel_fit"}
         return cls(name=data["name"], params=data.get("params") or {},
@@ -97,10 +98,10 @@ class Profile:
                    meta={k: v for k, v in data.items() if k not in known})
 
 
-def read_profile_yaml(path: str | Path) -> dict[str, Any]:
-    """The mapping in a profile YAML file; ProfileInputError (file, line) when it cannot be
-    read, is not YAML, or is not a mapping."""
-    return read_yaml_mapping(path, "perf.profile", ProfileInputError,
+def read_profile_yaml(path: str | Path, label: str = "perf.profile") -> dict[str, Any]:
+    """The mapping in a profile YAML file; ProfileInputError (`label`, file, line) when it
+    cannot be read, is not YAML, or is not a mapping."""
+    return read_yaml_mapping(path, label, ProfileInputError,
                              "profile fields (a file `racksim-calibrate` wrote)")
 
 

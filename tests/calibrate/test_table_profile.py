@@ -86,6 +86,19 @@ def test_refused_before_fitting(model: str, hardware: str, expect: list[str], ca
     assert not out.exists()
 
 
+@pytest.mark.parametrize("base, says", [
+    ("none.yaml", "cannot read it (No such file or directory)"),
+    ("name_only.yaml", "no 'params' field, so this is not a calibration profile; point --base"),
+])
+def test_a_base_profile_that_is_not_one_is_named_by_its_flag(base, says, capsys, tmp_path):
+    (tmp_path / "name_only.yaml").write_text("name: x\n")
+    out = tmp_path / "p.yaml"
+    assert calibrate_main(["profile", "--model", "meta_llama_3_1_70b", "--hardware",
+                           "h200_hgx", "--base", str(tmp_path / base), "--out", str(out)]) == 3
+    assert f"racksim-calibrate profile: --base {tmp_path / base}: {says}" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_gpu_the_tables_do_not_cover_is_refused() -> None:
     hw = HardwareSpec(**{**tp.load_spec("hardware", "h200_hgx"), "kernel_tables": "h900"})
     with pytest.raises(tp.TableError, match=r"kernel_tables='h900'.*available: \[.*h200_sxm"):
