@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from rackSim.calibrate.scenario import DEFAULT_PROFILE
+from rackSim.config.errors import InputError
 from rackSim.perf.profile import Profile
 
 
@@ -48,11 +49,22 @@ SUBCOMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point: a subcommand's, or the fit and `--explain`; bad input of any class ends
+    in one line and that class's exit code."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in SUBCOMMANDS:
-        import importlib
+    sub = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    try:
+        if sub is not None:
+            import importlib
 
-        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+            return importlib.import_module(SUBCOMMANDS[sub]).main(argv[1:])
+        return _fit_or_explain(argv)
+    except InputError as err:
+        print(f"racksim-calibrate{' ' + sub if sub else ''}: {err}", file=sys.stderr)
+        return err.exit_code
+
+
+def _fit_or_explain(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.explain:
         from rackSim.calibrate.explain import explain
@@ -68,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if use_aic and aic.aic_root() is None:
         print(AIC_MISSING, file=sys.stderr)
         use_aic = False
-    previous = Profile.load(args.out) if args.out.is_file() else None
+    previous = Profile.load(args.out, "--out") if args.out.is_file() else None
     profile = calibrate(previous, use_aic, lambda s: print(s, file=sys.stderr))
     write(profile, args.out)
     print(format_table(profile.residuals))

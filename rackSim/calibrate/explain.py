@@ -55,7 +55,9 @@ def breakdown_table(profile: Profile, widths: list[int], requests_per_rank: int,
 
 def explain(profile_path: Path, widths: list[int], requests_per_rank: int = 64,
             context: int = 131072, hardware: str = "gb300_nvl72") -> str:
-    profile = Profile.load(profile_path)
+    """The decode step breakdown table at each DEP width of `widths`, priced by the profile
+    at `profile_path` (given as `--profile`: a ProfileInputError names that flag)."""
+    profile = Profile.load(profile_path, "--profile")
     df = breakdown_table(profile, widths, requests_per_rank, context, hardware)
     head = (f"decode step breakdown (ms) on {hardware}, {requests_per_rank} requests/rank, "
             f"{context} context tokens/request, profile {profile_path}")

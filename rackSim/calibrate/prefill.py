@@ -263,8 +263,8 @@ COLUMNS = ["width", "cached", "new", "requests_per_rank", "step_ms", "moe", "att
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    df, why = prefill_table(Profile.load(args.profile), _ints(args.widths), _ints(args.cached),
-                            _ints(args.new), args.hardware, not args.no_aic)
+    df, why = prefill_table(Profile.load(args.profile, "--profile"), _ints(args.widths),
+                            _ints(args.cached), _ints(args.new), args.hardware, not args.no_aic)
     print(f"prefill throughput per GPU (uncached tokens/s), profile {args.profile}; step parts "
           "in ms (model, mean per step)")
     with pd.option_context("display.width", 200, "display.max_columns", 30):

@@ -339,9 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         p = table_profile(args.model, args.hardware, Profile.load(args.base, "--base"),
                           lambda s: print(s, file=sys.stderr))
-    except InputError as e:  # the base profile: its class's exit code
-        print(f"racksim-calibrate profile: {e}", file=sys.stderr)
-        return e.exit_code
+    except InputError:  # the base profile: racksim-calibrate gives its class's exit code
+        raise
     except (TableError, ValueError) as e:
         print(f"racksim-calibrate profile: {e}", file=sys.stderr)
         return 2

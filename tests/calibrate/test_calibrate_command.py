@@ -19,6 +19,20 @@ def test_explain_prints_every_width_and_variant(capsys: pytest.CaptureFixture[st
     assert out.count("recursive_doubling") == 4 and out.count(" ring ") == 4
 
 
+@pytest.mark.parametrize("argv, prog", [
+    (["--explain", "--widths", "8"], "racksim-calibrate"),
+    (["prefill", "--no-aic"], "racksim-calibrate prefill"),
+])
+def test_a_profile_flag_that_is_not_a_profile_ends_in_one_line(argv, prog, tmp_path, capsys):
+    bad = tmp_path / "p.yaml"
+    bad.write_text("name: x\n")
+    assert main([*argv, "--profile", str(bad)]) == 3  # the calibration profile class
+    err = capsys.readouterr().err
+    assert err == (f"{prog}: --profile {bad}: no 'params' field, so this is not a calibration "
+                   "profile; point --profile at a file `racksim-calibrate` wrote "
+                   "(calibration/*.yaml)\n")
+
+
 def test_explain_table_tells_the_story() -> None:
     df = breakdown_table(Profile.load(DEFAULT_PROFILE), [4, 8, 16, 32, 64], 64, 131072)
     assert len(df) == 5 * 2 * 2
