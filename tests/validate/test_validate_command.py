@@ -105,3 +105,13 @@ def test_runs_that_are_not_whole_are_not_fitted(run_dir, capsys):
     (run_dir / "records.jsonl").write_text("")
     assert main(["fit", "--run", str(run_dir)]) == EXIT_BAD_INPUT
     assert "no request records" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_model_that_is_neither_a_preset_nor_a_config(tmp_path, capsys):
+    """A flag error (exit 2), before any server is started or announced."""
+    assert main(["serve", "--model", str(tmp_path), "--work-dir", str(tmp_path)]) \
+        == EXIT_BAD_INPUT
+    got = capsys.readouterr()
+    assert got.err == (f"racksim-validate serve: --model '{tmp_path}': neither a preset "
+                       "(tiny-moe, tiny-dense) nor a directory with a config.json\n")
+    assert "starting" not in got.out
