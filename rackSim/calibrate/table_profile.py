@@ -38,6 +38,7 @@ import yaml
 
 from rackSim.calibrate import aic
 from rackSim.calibrate.scenario import CALIBRATION, DEFAULT_PROFILE, SCENARIOS
+from rackSim.config import scenario_options
 from rackSim.config.errors import InputError
 from rackSim.config.specs import HardwareSpec, ModelSpec
 from rackSim.perf.attention import AttentionCost, attention_cost
@@ -75,7 +76,7 @@ class TableError(ValueError):
 def load_spec(group: str, name: str) -> dict:
     path = SCENARIOS / group / f"{name}.yaml"
     if not path.is_file():
-        have = sorted(p.stem for p in (SCENARIOS / group).glob("*.yaml"))
+        have = scenario_options(group)
         raise TableError(f"--{'model' if group == 'model' else 'hardware'} {name}: no "
                          f"scenarios/{group}/{name}.yaml; available: {have}")
     return yaml.safe_load(path.read_text())

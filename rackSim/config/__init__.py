@@ -1,7 +1,12 @@
 """Scenario configuration: pydantic specs and their loading from Hydra."""
 
 from rackSim.config.loading import ConfigError, load_run_config
-from rackSim.config.scenarios import SCENARIOS_DIR, compose_scenario, with_changes
+from rackSim.config.scenarios import (
+    SCENARIOS_DIR,
+    compose_scenario,
+    scenario_options,
+    with_changes,
+)
 from rackSim.config.specs import (
     DeploymentSpec,
     HardwareSpec,
@@ -17,5 +22,5 @@ from rackSim.config.specs import (
 __all__ = [
     "ConfigError", "DeploymentSpec", "HardwareSpec", "ModelSpec", "PerfSpec", "PricingSpec",
     "RunConfig", "SCENARIOS_DIR", "WorkloadSpec", "compose_scenario", "kv_bytes_per_gpu",
-    "load_run_config", "weights_bytes_per_gpu", "with_changes",
+    "load_run_config", "scenario_options", "weights_bytes_per_gpu", "with_changes",
 ]

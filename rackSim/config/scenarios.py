@@ -12,6 +12,11 @@ from rackSim.config.specs import RunConfig
 SCENARIOS_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 
 
+def scenario_options(group: str) -> list[str]:
+    """The options of a config group: the names of `scenarios/<group>/*.yaml`, sorted."""
+    return sorted(p.stem for p in (SCENARIOS_DIR / group).glob("*.yaml"))
+
+
 def compose_scenario(overrides: Sequence[str] = (), config_dir: Path | str | None = None
                      ) -> RunConfig:
     """The validated RunConfig of `scenarios/config.yaml` with Hydra `overrides` applied,
@@ -61,7 +66,7 @@ def _plain_hydra_error(err: Exception, overrides: Sequence[str]) -> str:
     if group is not None:
         name = group[1]
         base, _, option = name.rpartition("/")
-        options = sorted(p.stem for p in (SCENARIOS_DIR / base).glob("*.yaml")) if base else []
+        options = scenario_options(base) if base else []
         return (f"{base or name}={option}: no such option in scenarios/{base}/; "
                 f"choose one of {', '.join(options)}" if options else
                 f"{name}: no such config; check the group name (scenarios/)")

@@ -15,7 +15,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from pydantic import ValidationError
 
-from rackSim.config import SCENARIOS_DIR, ConfigError, load_run_config
+from rackSim.config import SCENARIOS_DIR, ConfigError, load_run_config, scenario_options
 from rackSim.config.errors import ScenarioError
 from rackSim.config.loading import describe_fields
 from rackSim.config.specs import HardwareSpec, RunConfig, resolve_path
@@ -64,7 +64,7 @@ def load_plan_inputs(tree: Mapping[str, Any] | DictConfig) -> PlanInputs:
     except ConfigError as err:
         raise PlanError(f"the scenario the plan varies is invalid: {err}") from None
     hardware: dict[str, HardwareSpec] = {}
-    known = sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml"))
+    known = scenario_options("hardware")
     for i, opt in enumerate(plan.hardware):
         spec = load_hardware(opt.name)
         if spec is None:

@@ -120,12 +120,12 @@ def load_source(args: argparse.Namespace) -> tuple[list[SessionGraph], str]:
 def _scenario(name: str, args: argparse.Namespace) -> tuple[list[SessionGraph], str]:
     """A workload scenario: a WorkloadSpec YAML file, or the name of one in
     scenarios/workload/, validated as `racksim` validates it."""
-    from rackSim.config import SCENARIOS_DIR
+    from rackSim.config import SCENARIOS_DIR, scenario_options
     from rackSim.config.loading import load_workload_file
 
     path = Path(name)
     if not path.is_file():
-        known = sorted(p.stem for p in (SCENARIOS_DIR / "workload").glob("*.yaml"))
+        known = scenario_options("workload")
         if name not in known:
             raise WorkloadFileError(f"--scenario {name}: no such file or workload scenario; "
                                     f"give a WorkloadSpec YAML or one of {known}")
