@@ -4,11 +4,17 @@ windows) keeps the suite short; `racksim-validate grid` runs the full one (docs/
 has its table).
 
 Stated tolerances on held-out points, from the iteration-log profile (errors are
-(predicted - measured) / measured): throughput and ITL P50 within a factor of 2. These points
-extrapolate further than test_validate_real_server's (4 -> 8 lanes): on a machine shared with
-other test suites the tiny MoE's throughput at 8 lanes came out +58 % (the drift probe flagged
-the run), the dense model's at 12 lanes +33 % in the full grid. A factor of 2 still catches a
-broken fit or a broken replay. Predicted again at each run's own speed, ITL P50 within 35 %.
+(predicted - measured) / measured): throughput and ITL P50 within a factor of 2.5. The
+prediction is priced at the fitting run's speed, and this machine's own speed moves between
+two runs by up to 1.53x (sixteen replays of one server, max / min of their speed,
+docs/validate.md "The machine under the server"; 1.7x on a slow morning); the model's own
+error, priced at each run's speed, is bounded by 35 % below. 1.7 x 1.35 = 2.3: a factor of 2,
+this test's first bound, failed once on a clean-clone CI run (the dense model at 8 lanes,
+2.20) while the same tests passed on a rerun. These points extrapolate further than
+test_validate_real_server's (4 -> 8 lanes): on a machine shared with other test suites the
+tiny MoE's throughput at 8 lanes came out +58 % (the drift probe flagged the run), the dense
+model's at 12 lanes +33 % in the full grid. A factor of 2.5 still catches a broken fit or a
+broken replay. Predicted again at each run's own speed, ITL P50 within 35 %.
 The goal of 10 % / 5 % is reported in the printed table (run with -s), not asserted.
 """
 
@@ -47,7 +53,7 @@ def _check(df):
     for _, row in raw.iterrows():
         tput, itl = row["throughput_tok_s_gpu"], row["itl_p50_ms"]
         for err in (tput, itl):
-            assert not math.isnan(err) and 0.5 < 1 + err / 100 < 2.0, row.to_dict()
+            assert not math.isnan(err) and 1 / 2.5 < 1 + err / 100 < 2.5, row.to_dict()
     # again at each run's own speed (its iteration log): the machine's share of the error
     # gone, ITL P50 within 35 % (worst of 60 points on 20-s windows: 20 %; these are 8 s)
     again = wide[wide.profile == "iteration_log" + AT_RUN_SPEED]
