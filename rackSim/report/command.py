@@ -37,11 +37,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{pq}\n{csv}")
             return 0
         table, sweep_dir = read_table(args.source)
+        from rackSim.report.sweep_plots import check_plottable, plot_sweep
+
+        check_plottable(table, sweep_dir)
     except (FileNotFoundError, ValueError) as err:
         print(f"racksim-plot: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from rackSim.report.sweep_plots import plot_sweep
-
     for path in plot_sweep(table, sweep_dir, args.out or sweep_dir):
         print(path)
     return 0

@@ -69,6 +69,8 @@ def _short(key: str) -> str:
 
 
 def _ok(table: pd.DataFrame) -> pd.DataFrame:
+    if X not in table.columns:  # no scenario of the sweep finished
+        return table.iloc[:0]
     return table[(table["status"] == "ok") & table[X].notna()].reset_index(drop=True)
 
 
@@ -246,8 +248,19 @@ def plot_latency_distributions(table: pd.DataFrame, sweep_dir: Path, path: Path)
     return save_figure(fig, path)
 
 
+def check_plottable(table: pd.DataFrame, sweep_dir: Path) -> None:
+    """A sweep none of whose scenarios finished has nothing to plot: ValueError naming how
+    many failed and the first one's error."""
+    if _ok(table).empty:
+        failed = table[table["status"] != "ok"]
+        first = (f"; job {failed['job_dir'].iloc[0]}: {failed['error'].iloc[0]}"
+                 if len(failed) else "")
+        raise ValueError(f"{sweep_dir}: no finished scenario to plot ({len(table)} in its "
+                         f"table, {len(failed)} failed{first}); nothing written")
+
+
 def plot_sweep(table: pd.DataFrame, sweep_dir: Path, out: Path) -> list[Path]:
-    """Every sweep figure into `out`; returns their paths."""
+    """Every sweep figure into `out`; returns their paths (`check_plottable` first)."""
     out.mkdir(parents=True, exist_ok=True)
     return [plot_pareto(table, out / "pareto.png"),
             plot_economics(table, out / "economics.png"),

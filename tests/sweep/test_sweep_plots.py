@@ -1,7 +1,10 @@
 """Sweep figures: the Pareto frontier is exactly the non-dominated set; `racksim-plot plots`
-draws every PNG from a real sweep and refuses a directory without a table."""
+draws every PNG from a real sweep, refuses a directory without a table and a sweep with
+nothing finished."""
 
 from __future__ import annotations
+
+import json
 
 import matplotlib.image as mpimg
 import numpy as np
@@ -93,3 +96,20 @@ def test_plots_command_without_a_table_fails_clearly(tmp_path, capsys):
     bogus.write_text("a,b\n1,2\n")
     assert plot_main(["plots", str(bogus)]) == 2
     assert "not a sweep table" in capsys.readouterr().err
+
+
+def test_plots_command_on_a_sweep_with_nothing_finished_fails_clearly(tmp_path, capsys):
+    """Every scenario failed: the table has no metric columns; nothing is drawn."""
+    for i, width in enumerate((5, 7)):
+        (tmp_path / str(i)).mkdir()
+        (tmp_path / str(i) / "job.json").write_text(json.dumps(
+            {"overrides": [f"deployment.decode.gpus={width}"], "status": "failed",
+             "error": f"ConfigError: deployment.decode.gpus={width}: pick a width that divides "
+                      "384", "finished_at": 1.0}))
+    assert plot_main(["table", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert plot_main(["plots", str(tmp_path), "--out", str(tmp_path / "figs")]) == 2
+    err = capsys.readouterr().err
+    assert "no finished scenario to plot (2 in its table, 2 failed; job 0: ConfigError: " \
+           "deployment.decode.gpus=5" in err and "nothing written" in err
+    assert not (tmp_path / "figs").exists() and not list(tmp_path.glob("*.png"))
