@@ -34,14 +34,14 @@ from typing import Any
 
 import pandas as pd
 import yaml
-from hydra.errors import HydraException
 
 from rackSim.calibrate import figures
 from rackSim.calibrate.effects import default_effects, one_line, run_effects
 from rackSim.calibrate.fit import fit_table
 from rackSim.calibrate.loo import calibration_loo, figure_id
 from rackSim.calibrate.scenario import CALIBRATION
-from rackSim.config import ConfigError, RunConfig, compose_scenario
+from rackSim.config import RunConfig, compose_scenario
+from rackSim.config.errors import ScenarioError
 from rackSim.perf.profile import Profile
 from rackSim.report.fidelity_plots import plot_fidelity
 from rackSim.run import simulate
@@ -309,7 +309,7 @@ def _reference(args: argparse.Namespace) -> tuple[RunConfig, Profile]:
     try:
         cfg = compose_scenario([*args.override, f"workload.replay.window_s={args.window_s}",
                                 "progress=false"])
-    except (ConfigError, HydraException) as err:
+    except ScenarioError as err:
         raise FidelityError(one_line(f"scenario: {err}")) from err
     if cfg.perf.profile is None:
         raise FidelityError("perf.profile: the scenario has no calibration profile "

@@ -20,14 +20,21 @@ def scenario_options(group: str) -> list[str]:
 def compose_scenario(overrides: Sequence[str] = (), config_dir: Path | str | None = None
                      ) -> RunConfig:
     """The validated RunConfig of `scenarios/config.yaml` with Hydra `overrides` applied,
-    e.g. `compose_scenario(["experiment=smoke", "deployment.decode.gpus=8"])`."""
+    e.g. `compose_scenario(["experiment=smoke", "deployment.decode.gpus=8"])`. An unknown
+    key or group option is a ScenarioError naming it and the fix, as on the command line."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(config_dir or SCENARIOS_DIR), version_base=None):
-        tree = compose("config", overrides=list(overrides))
+    try:
+        with initialize_config_dir(config_dir=str(config_dir or SCENARIOS_DIR),
+                                   version_base=None):
+            tree = compose("config", overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ScenarioError(_plain_hydra_error(err, overrides)) from None
     return load_run_config(tree)
 
 

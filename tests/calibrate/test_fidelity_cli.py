@@ -58,7 +58,10 @@ def test_cli_writes_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     (["--effects-window-s", "0"], "--effects-window-s must be a positive"),
     (["--jobs", "0"], "--jobs must be at least 1"),
     (["--override", "deployment.decode.gpus=5"], "deployment.decode.gpus=5: 384 routed"),
-    (["--override", "deployment.no_such_key=1"], "scenario: Could not override"),
+    (["--override", "deployment.no_such_key=1"],
+     "scenario: deployment.no_such_key: no such scenario key; check its spelling"),
+    (["--override", "workload=nope"],
+     "scenario: workload=nope: no such option in scenarios/workload/; choose one of agentx"),
 ])
 def test_bad_input_one_line_and_exit_2(args: list[str], expect: str, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
