@@ -16,6 +16,8 @@ from pathlib import Path
 
 from rackSim.calibrate.scenario import DEFAULT_PROFILE
 from rackSim.config.errors import InputError
+from rackSim.config.flags import positive_int, whole_numbers_above
+from rackSim.config.scenarios import scenario_options
 from rackSim.perf.profile import Profile
 
 
@@ -30,10 +32,15 @@ def _parser() -> argparse.ArgumentParser:
                     help="print decode step breakdowns for DEP4..64 instead of fitting")
     ap.add_argument("--profile", type=Path, default=DEFAULT_PROFILE,
                     help="profile used by --explain (default: %(default)s)")
-    ap.add_argument("--requests-per-rank", type=int, default=64)
-    ap.add_argument("--context", type=int, default=131072, help="context tokens per request")
-    ap.add_argument("--widths", type=str, default="4,8,16,32,64")
-    ap.add_argument("--hardware", type=str, default="gb300_nvl72")
+    ap.add_argument("--requests-per-rank", type=positive_int, default=64,
+                    help="decode requests per rank (--explain)")
+    ap.add_argument("--context", type=positive_int, default=131072,
+                    help="context tokens per request (--explain)")
+    ap.add_argument("--widths", type=whole_numbers_above(0), default=[4, 8, 16, 32, 64],
+                    help="DEP widths, comma-separated (--explain; default 4,8,16,32,64)")
+    ap.add_argument("--hardware", choices=scenario_options("hardware"), default="gb300_nvl72",
+                    metavar="HARDWARE",
+                    help="a scenarios/hardware/ option (--explain; default %(default)s)")
     return ap
 
 
@@ -69,8 +76,7 @@ def _fit_or_explain(argv: list[str]) -> int:
     if args.explain:
         from rackSim.calibrate.explain import explain
 
-        widths = [int(w) for w in args.widths.split(",")]
-        print(explain(args.profile, widths, args.requests_per_rank, args.context,
+        print(explain(args.profile, args.widths, args.requests_per_rank, args.context,
                       args.hardware))
         return 0
     from rackSim.calibrate import aic

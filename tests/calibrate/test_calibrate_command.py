@@ -33,6 +33,30 @@ def test_a_profile_flag_that_is_not_a_profile_ends_in_one_line(argv, prog, tmp_p
                    "(calibration/*.yaml)\n")
 
 
+
+@pytest.mark.parametrize("flag, value, expect", [
+    ("--requests-per-rank", "-3", "argument --requests-per-rank: -3 must be above 0"),
+    ("--context", "0", "argument --context: 0 must be above 0"),
+    ("--widths", "abc", "argument --widths: 'abc' is not a whole number"),
+    ("--widths", "4,,8", "argument --widths: '4,,8': an empty item"),
+    ("--widths", "8,0", "argument --widths: 0 must be above 0"),
+    ("--hardware", "tpu", "argument --hardware: invalid choice: 'tpu' (choose from 'b200_hgx'"),
+])
+def test_explain_flags_out_of_range_are_usage_errors(flag, value, expect, capsys):
+    """Before: a negative request count printed negative throughputs (exit 0), a width or
+    hardware name that is not one ended in a traceback."""
+    with pytest.raises(SystemExit) as ex:
+        main(["--explain", flag, value])
+    assert ex.value.code == 2
+    captured = capsys.readouterr()
+    assert expect in captured.err and captured.out == ""
+
+
+def test_explain_width_that_does_not_fit_the_rack_names_it(capsys):
+    assert main(["--explain", "--widths", "128"]) == 2
+    err = capsys.readouterr().err
+    assert "1 decode x 128" in err and "hardware.gpus_per_rack=72" in err
+
 def test_explain_table_tells_the_story() -> None:
     df = breakdown_table(Profile.load(DEFAULT_PROFILE), [4, 8, 16, 32, 64], 64, 131072)
     assert len(df) == 5 * 2 * 2

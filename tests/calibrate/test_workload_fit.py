@@ -166,9 +166,14 @@ def test_command_writes_nothing_when_the_fit_does_not_converge(
 def test_command_refuses_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert headline_fit.main(["--layouts", "32:30"]) == 2
     assert "outside H4" in capsys.readouterr().err
-    assert headline_fit.main(["--window-s", "0"]) == 2
-    assert headline_fit.main(["--refit-iterations", "1"]) == 2
-    assert "at least 2" in capsys.readouterr().err
+    for argv, message in ((["--window-s", "0"], "argument --window-s: 0 must be above 0"),
+                          (["--refit-iterations", "1"], "--refit-iterations: 1 must be at least 2"),
+                          (["--context", "0"], "argument --context: 0 must be above 0"),
+                          (["--check-window", "60", "30"],
+                           "--check-window: SHORT_S 60 must be below LONG_S 30")):
+        with pytest.raises(SystemExit) as ex:  # argparse's usage error, before anything runs
+            headline_fit.main(argv)
+        assert ex.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_values_at_the_edge_of_plausibility_are_flagged() -> None:

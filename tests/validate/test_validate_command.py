@@ -11,7 +11,7 @@ from validate_support import TRUE_COEFFS, simulated_run_dir
 
 from rackSim.config.errors import ProfileInputError
 from rackSim.perf.measured import Profile, ServerShape
-from rackSim.validate.command import EXIT_BAD_INPUT, EXIT_OK, main
+from rackSim.validate.command import EXIT_BAD_INPUT, EXIT_ENDPOINT, EXIT_OK, main
 
 COEF = TRUE_COEFFS
 
@@ -115,3 +115,39 @@ def test_serve_refuses_a_model_that_is_neither_a_preset_nor_a_config(tmp_path, c
     assert got.err == (f"racksim-validate serve: --model '{tmp_path}': neither a preset "
                        "(tiny-moe, tiny-dense) nor a directory with a config.json\n")
     assert "starting" not in got.out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["run", "--out", "o", "--endpoint", "http://x", "--concurrency", "-1"],
+     "argument --concurrency: -1 must be above 0"),
+    (["run", "--out", "o", "--endpoint", "http://x", "--max-requests", "0"],
+     "argument --max-requests: 0 must be above 0"),
+    (["run", "--out", "o", "--endpoint", "http://x", "--window-s", "nan"],
+     "argument --window-s: nan must be above 0"),
+    (["serve", "--max-num-seqs", "0"], "argument --max-num-seqs: 0 must be above 0"),
+    (["fit", "--run", "r", "--log-start", "-1"], "argument --log-start: -1 must be at least 0"),
+    (["grid", "--out", "g", "--concurrency", "4", "x"], "argument --concurrency: 'x' is not a"),
+    (["grid", "--out", "g", "--busy-retries", "-1"], "--busy-retries: -1 must be at least 0"),
+    (["machine", "--out", "m", "--window-s", "0"], "argument --window-s: 0 must be above 0"),
+])
+def test_number_flags_out_of_range_are_usage_errors(argv, says, tmp_path, monkeypatch, capsys):
+    """Refused by argparse (exit 2) before a server starts or a directory is made; before,
+    `run --concurrency -1` printed pydantic's dump of WorkloadSpec."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as ex:
+        main(argv)
+    assert ex.value.code == 2 and says in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_unreachable_endpoint_leaves_no_run_directory(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "--out", str(out), "--endpoint", "http://127.0.0.1:9",
+                 "--connect-timeout-s", "2"]) == EXIT_ENDPOINT
+    assert "endpoint http://127.0.0.1:9: unreachable" in capsys.readouterr().err
+    assert not out.exists()
+    out.mkdir()  # a directory that was there before is kept, with the files it had
+    (out / "notes.txt").write_text("mine")
+    assert main(["run", "--out", str(out), "--endpoint", "http://127.0.0.1:9",
+                 "--connect-timeout-s", "2"]) == EXIT_ENDPOINT
+    assert (out / "notes.txt").read_text() == "mine"

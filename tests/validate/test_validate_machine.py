@@ -90,7 +90,9 @@ def test_machine_command_refuses_a_cpu_it_cannot_use(tmp_path, capsys):
     assert main(["machine", "--out", str(out), "--duration-s", "1", "--cpu", "4096"]) == 2
     assert "--cpu 4096" in capsys.readouterr().err
     assert not out.exists()
-    assert main(["machine", "--out", str(out), "--duration-s", "1", "--window-s", "0"]) == 2
+    with pytest.raises(SystemExit) as ex:  # argparse's usage error
+        main(["machine", "--out", str(out), "--duration-s", "1", "--window-s", "0"])
+    assert ex.value.code == 2 and "--window-s: 0 must be above 0" in capsys.readouterr().err
     assert not out.exists()
 
 
