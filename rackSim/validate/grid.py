@@ -176,15 +176,17 @@ def repeatability(df: pd.DataFrame) -> pd.DataFrame:
 
 def held_out_table(df: pd.DataFrame) -> pd.DataFrame:
     """Held-out errors (%) of the headline metrics: one row per model x profile x seed x
-    concurrency, a column per metric, whether every goal was met, and whether the machine
-    was busy during the run (`_run_conditions`)."""
+    concurrency, a column per metric, whether every goal was met, whether the machine was
+    busy during the run and whether its server drifted (`_run_conditions`)."""
     held = df[(df.role == "held_out") & df.metric.isin(HEADLINE)]
     keys = ["model", "profile", "seed", "concurrency"]
     wide = held.pivot_table(index=keys, columns="metric", values="error_pct").reset_index()
     wide["within_goal"] = [all(abs(r[m]) <= GOAL_PCT[m] for m in HEADLINE
                                if m in r and not math.isnan(r[m]))
                            for _, r in wide.iterrows()]
-    wide["busy"] = wide.set_index(keys).index.map(held.groupby(keys).busy.any()).astype(bool)
+    for cond in ("busy", "drifting"):
+        wide[cond] = wide.set_index(keys).index.map(
+            held.groupby(keys)[cond].any()).astype(bool)
     return wide
 
 
@@ -241,7 +243,8 @@ def format_held_out(wide: pd.DataFrame) -> str:
     for _, r in wide.iterrows():
         lines.append(f"{r.model:<11}{r.profile:<25}{r.seed:>5}{r.concurrency:>5}"
                      + _cells(r, cols) + ("  met" if r.within_goal else "  missed")
-                     + ("  (machine busy)" if r.busy else ""))
+                     + ("  (machine busy)" if r.busy else "")
+                     + ("  (server drifting)" if r.drifting else ""))
     return "\n".join(lines)
 
 

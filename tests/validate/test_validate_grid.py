@@ -175,3 +175,25 @@ def test_a_recorded_grid_is_fitted_and_predicted_again_without_measuring(tmp_pat
     assert main(["grid", "--recorded", str(tmp_path / "none"), "--out", str(dst)]) \
         == EXIT_BAD_INPUT
     assert "no such grid directory" in capsys.readouterr().err
+
+
+def test_a_run_whose_server_drifted_is_named(tmp_path):
+    """A run whose drift probe flagged the server (run.json `probe`) is marked drifting in
+    the held-out table and its text; the others are not."""
+    import json
+
+    def runner(concurrency: int, seed: int, out):
+        run = _runner(concurrency, seed, out)
+        meta = json.loads((run / "run.json").read_text())
+        meta["probe"] = {"http://x": {"drifting": concurrency == 5}}
+        (run / "run.json").write_text(json.dumps(meta))
+        return run
+
+    spec = GridSpec(fit_concurrency=3, concurrencies=(1, 5), seeds=(1,), window_s=10.0,
+                    sources=("driver_records",), repeat=False)
+    seen = []
+    wide = held_out_table(run_grid(spec, runner, tmp_path, "sim", progress=seen.append))
+    assert wide.set_index("concurrency").drifting.to_dict() == {1: False, 5: True}
+    assert [line.endswith("(server drifting)") for line in seen] == [False, False, True]
+    lines = format_held_out(wide).splitlines()[1:]
+    assert [line.endswith("(server drifting)") for line in lines] == [False, True]
