@@ -42,6 +42,7 @@ from rackSim.calibrate.loo import calibration_loo, figure_id
 from rackSim.calibrate.scenario import CALIBRATION
 from rackSim.config import RunConfig, compose_scenario
 from rackSim.config.errors import ScenarioError
+from rackSim.config.flags import positive_float, positive_int
 from rackSim.perf.profile import Profile
 from rackSim.report.fidelity_plots import plot_fidelity
 from rackSim.run import simulate
@@ -269,13 +270,13 @@ EXIT_INTERRUPTED = 130
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="racksim-fidelity", description=__doc__.split("\n")[0])
-    ap.add_argument("--window-s", type=float, default=120.0,
+    ap.add_argument("--window-s", type=positive_float, default=120.0,
                     help="measurement window of the headline simulation, s (default %(default)s)")
-    ap.add_argument("--effects-window-s", type=float, default=60.0,
+    ap.add_argument("--effects-window-s", type=positive_float, default=60.0,
                     help="measurement window of each effect run, s (default %(default)s)")
     ap.add_argument("--out", type=Path, default=None,
                     help="output directory (default runs/fidelity/<timestamp>)")
-    ap.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
+    ap.add_argument("--jobs", type=positive_int, default=2, help="parallel processes (default 2)")
     ap.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits")
     ap.add_argument("--no-effects", action="store_true", help="skip the effects table")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
@@ -285,14 +286,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> Path:
-    """Validate the options; returns the output directory (not created yet)."""
-    for opt in ("window_s", "effects_window_s"):
-        v = getattr(args, opt)
-        if not (math.isfinite(v) and v > 0):
-            raise FidelityError(f"--{opt.replace('_', '-')} must be a positive number of "
-                                f"seconds, got {v:g}")
-    if args.jobs < 1:
-        raise FidelityError(f"--jobs must be at least 1, got {args.jobs}")
+    """Check --out (the numbers are checked by their argparse types); returns the output
+    directory (not created yet)."""
     out = args.out or Path("runs/fidelity") / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     if out.exists() and not out.is_dir():
         raise FidelityError(f"--out {out}: exists and is not a directory")

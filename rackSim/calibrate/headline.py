@@ -35,6 +35,7 @@ from pathlib import Path
 import pandas as pd
 
 from rackSim.calibrate.figures import FIGURES_CSV
+from rackSim.config.flags import positive_int
 
 
 class HeadlineError(ValueError):
@@ -320,14 +321,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="published figures CSV (default: %(default)s)")
     ap.add_argument("--profile", type=Path, default=DEFAULT_PROFILE,
                     help="calibration profile for the decode step (default: %(default)s)")
-    ap.add_argument("--context", type=int, default=32768,
+    ap.add_argument("--context", type=positive_int, default=32768,
                     help="context tokens per decode request (default: %(default)s)")
     ap.add_argument("--csv", type=Path, default=None, help="also write the layout table here")
     args = ap.parse_args(argv)
-    if args.context <= 0:
-        print("racksim-calibrate headline: --context must be a positive token count",
-              file=sys.stderr)
-        return 2
     try:
         h = read_headline(args.figures)
     except HeadlineError as err:

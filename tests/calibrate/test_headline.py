@@ -128,3 +128,11 @@ def test_command_refuses_an_infeasible_table(tmp_path: Path,
     assert "H3:" in capsys.readouterr().err
     assert main(["headline", "--figures", str(tmp_path / "none.csv")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_command_refuses_a_context_that_is_not_a_token_count(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for value, says in (("0", "0 must be above 0"), ("1.5", "'1.5' is not a whole number")):
+        with pytest.raises(SystemExit) as ex:
+            main(["headline", "--context", value])
+        assert ex.value.code == 2 and f"argument --context: {says}" in capsys.readouterr().err
