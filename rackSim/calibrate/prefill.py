@@ -36,6 +36,8 @@ import pandas as pd
 
 from rackSim.calibrate import aic, figures
 from rackSim.calibrate.scenario import DEFAULT_PROFILE, operating_point
+from rackSim.config.flags import whole_numbers_above
+from rackSim.config.scenarios import scenario_options
 from rackSim.perf.calibrated import CalibratedStepModel
 from rackSim.perf.profile import Profile
 from rackSim.perf.step import PrefillBatch
@@ -233,8 +235,8 @@ def prefill_table(profile: Profile, widths: Sequence[int] = WIDTHS,
     return pd.DataFrame(rows), why
 
 
-def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",")]
+def _listed(values) -> str:
+    return ",".join(map(str, values))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -242,14 +244,15 @@ def _parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", type=Path, default=DEFAULT_PROFILE,
                     help="calibration profile (default: %(default)s)")
-    ap.add_argument("--widths", default=",".join(map(str, WIDTHS)),
-                    help="DEP widths of the prefill instance (default: %(default)s)")
-    ap.add_argument("--cached", default=",".join(map(str, CACHED)),
-                    help="cached tokens per request (default: %(default)s)")
-    ap.add_argument("--new", default=",".join(map(str, NEW)),
-                    help="new (uncached) tokens per request (default: %(default)s)")
-    ap.add_argument("--hardware", default="gb300_nvl72",
-                    help="scenarios/hardware entry (default: %(default)s)")
+    ap.add_argument("--widths", type=whole_numbers_above(0), default=list(WIDTHS),
+                    help=f"DEP widths of the prefill instance (default: {_listed(WIDTHS)})")
+    ap.add_argument("--cached", type=whole_numbers_above(0, equal=True), default=list(CACHED),
+                    help=f"cached tokens per request (default: {_listed(CACHED)})")
+    ap.add_argument("--new", type=whole_numbers_above(0), default=list(NEW),
+                    help=f"new (uncached) tokens per request (default: {_listed(NEW)})")
+    ap.add_argument("--hardware", choices=scenario_options("hardware"), default="gb300_nvl72",
+                    metavar="HARDWARE",
+                    help="a scenarios/hardware/ option (default: %(default)s)")
     ap.add_argument("--no-aic", action="store_true",
                     help="leave out the kernel-table and aiconfigurator columns")
     ap.add_argument("--out", type=Path, default=None,
@@ -263,8 +266,8 @@ COLUMNS = ["width", "cached", "new", "requests_per_rank", "step_ms", "moe", "att
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    df, why = prefill_table(Profile.load(args.profile, "--profile"), _ints(args.widths),
-                            _ints(args.cached), _ints(args.new), args.hardware, not args.no_aic)
+    df, why = prefill_table(Profile.load(args.profile, "--profile"), args.widths,
+                            args.cached, args.new, args.hardware, not args.no_aic)
     print(f"prefill throughput per GPU (uncached tokens/s), profile {args.profile}; step parts "
           "in ms (model, mean per step)")
     with pd.option_context("display.width", 200, "display.max_columns", 30):

@@ -23,9 +23,10 @@ def above(kind: type, low: float, equal: bool = False) -> Callable[[str], float]
     return parse
 
 
-def whole_numbers_above(low: int) -> Callable[[str], list[int]]:
-    """A comma-separated list of whole numbers, each above `low` (e.g. DEP widths `4,8,16`)."""
-    one = above(int, low)
+def whole_numbers_above(low: int, equal: bool = False) -> Callable[[str], list[int]]:
+    """A comma-separated list of whole numbers, each above `low` (at least `low`, with
+    `equal`), e.g. DEP widths `4,8,16`."""
+    one = above(int, low, equal)
 
     def parse(text: str) -> list[int]:
         items = [t.strip() for t in text.split(",")]

@@ -112,3 +112,16 @@ def test_cli_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["prefill", "--help"])
     assert "default: 2,4" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--widths", "abc", "'abc' is not a whole number"),  # was a ValueError traceback
+    ("--new", "0", "0 must be above 0"),                 # was a ZeroDivisionError traceback
+    ("--cached", "-5", "-5 must be at least 0"),         # was a table of a negative prefix
+    ("--hardware", "tpu", "invalid choice: 'tpu'"),
+])
+def test_cli_refuses_values_that_are_not_a_grid(flag, value, says,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ex:
+        main(["prefill", "--no-aic", flag, value])
+    assert ex.value.code == 2 and f"argument {flag}: {says}" in capsys.readouterr().err

@@ -31,6 +31,7 @@ def test_refused(kind, low, equal, text, message):
 
 def test_whole_numbers_above():
     assert whole_numbers_above(0)("4, 8,16") == [4, 8, 16]
+    assert whole_numbers_above(0, equal=True)("0,4096") == [0, 4096]
     for text, message in (("4,,8", "an empty item"), ("4,-8", "-8 must be above 0"),
                           ("", "an empty item")):
         with pytest.raises(argparse.ArgumentTypeError, match=message):
