@@ -80,13 +80,22 @@ class Config:
 
 
 def find_config(source: str) -> tuple[dict[str, Any], str]:
-    """(config dict, source label) of a config.json path or an aiconfigurator-core config name
-    (`Qwen/Qwen3-235B-A22B`, `Qwen--Qwen3-235B-A22B`)."""
+    """(config dict, source label) of a config.json path, a model directory holding one (a
+    Hugging Face checkout) or an aiconfigurator-core config name (`Qwen/Qwen3-235B-A22B`,
+    `Qwen--Qwen3-235B-A22B`)."""
     path = Path(source)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelConfigError(f"{source}: a directory without a config.json; give the "
+                                   "model's config.json or its directory")
+        path = path / "config.json"
     if path.suffix == ".json":
         if not path.is_file():
             raise ModelConfigError(f"{source}: no such file")
-        return json.loads(path.read_text()), str(path)
+        try:
+            return json.loads(path.read_text()), str(path)
+        except json.JSONDecodeError as err:
+            raise ModelConfigError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
     root = aic.aic_root()
     if root is None:
         raise ModelConfigError(f"'{source}' is not a .json file and aiconfigurator-core (the "

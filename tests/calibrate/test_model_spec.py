@@ -138,3 +138,21 @@ def test_a_config_json_is_named_after_its_directory(tmp_path: Path) -> None:
 def test_unknown_precision_is_refused() -> None:
     with pytest.raises(ModelConfigError, match="precision 'fp6'.*bf16.*fp8"):
         spec_from_config(LLAMA, "test", "x", "fp6")
+
+
+def test_a_model_directory_is_read_through_its_config_json(tmp_path: Path, capsys) -> None:
+    folder = tmp_path / "Llama-3.1-70B"
+    folder.mkdir()
+    assert calibrate_main(["model", str(folder), "--out-dir", str(tmp_path)]) == 2
+    assert f"{folder}: a directory without a config.json" in capsys.readouterr().err
+    (folder / "config.json").write_text(json.dumps(LLAMA))
+    assert calibrate_main(["model", str(folder), "--out-dir", str(tmp_path)]) == 0
+    assert ModelSpec(**yaml.safe_load((tmp_path / "llama_3_1_70b.yaml").read_text()))
+
+
+def test_a_config_that_is_not_json_names_its_line(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text('{"architectures": ["LlamaForCausalLM"],\n "hidden_size": }\n')
+    assert calibrate_main(["model", str(bad), "--out-dir", str(tmp_path)]) == 2
+    assert f"{bad}:2: not valid JSON (Expecting value)" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.yaml"))
