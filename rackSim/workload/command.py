@@ -103,19 +103,29 @@ def load_source(args: argparse.Namespace) -> tuple[list[SessionGraph], str]:
     raise AssertionError("argparse requires one source")
 
 
-def _scenario(name: str, args: argparse.Namespace) -> tuple[list[SessionGraph], str]:
-    """A workload scenario: a WorkloadSpec YAML file, or the name of one in
-    scenarios/workload/, validated as `racksim` validates it."""
+def workload_scenario_path(name: str, flag: str) -> Path:
+    """The file of a workload scenario given as a WorkloadSpec YAML path (as given, or
+    relative to the project root) or as the name of one in scenarios/workload/; a
+    WorkloadFileError naming `flag` and the names there otherwise."""
     from rackSim.config import SCENARIOS_DIR, scenario_options
+    from rackSim.config.specs import resolve_path
+
+    path = resolve_path(Path(name))
+    if path is not None:
+        return path
+    known = scenario_options("workload")
+    if name not in known:
+        raise WorkloadFileError(f"{flag} {name}: no such file or workload scenario; "
+                                f"give a WorkloadSpec YAML or one of {known}")
+    return SCENARIOS_DIR / "workload" / f"{name}.yaml"
+
+
+def _scenario(name: str, args: argparse.Namespace) -> tuple[list[SessionGraph], str]:
+    """A workload scenario (`workload_scenario_path`), validated as `racksim` validates
+    it."""
     from rackSim.config.loading import load_workload_file
 
-    path = Path(name)
-    if not path.is_file():
-        known = scenario_options("workload")
-        if name not in known:
-            raise WorkloadFileError(f"--scenario {name}: no such file or workload scenario; "
-                                    f"give a WorkloadSpec YAML or one of {known}")
-        path = SCENARIOS_DIR / "workload" / f"{name}.yaml"
+    path = workload_scenario_path(name, "--scenario")
     # what is described is the source: a file without a name or a replay section is too
     w = load_workload_file(path, {"name": path.stem,
                                   "replay": {"concurrency": 1, "window_s": 1.0}})
@@ -191,7 +201,8 @@ def import_main(argv: list[str]) -> int:
 
     args = _import_parser().parse_args(argv)
     if not args.logs.exists():
-        print(f"error: LOGS: no such file or directory {args.logs}", file=sys.stderr)
+        print(f"racksim-workload import: LOGS: no such file or directory {args.logs}",
+              file=sys.stderr)
         return AgentLogInputError.exit_code
     readers = {"claude-code": (read_claude_code, "claude-code transcripts"),
                "openai": (read_openai, "openai request logs")}
@@ -200,7 +211,7 @@ def import_main(argv: list[str]) -> int:
         reader, source = readers[fmt]
         graphs, report = import_sessions(reader(args.logs), source, strict=args.strict)
     except LogImportError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"racksim-workload import: {err}", file=sys.stderr)
         return err.exit_code
     for issue in report.skipped:
         print(f"warning: skipped session: {issue}", file=sys.stderr)
@@ -220,9 +231,10 @@ def _fit_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="report directory (default: POOL_fit/ beside it)")
     p.add_argument("--yaml", type=Path,
                    help="the fitted workload YAML (default: OUT/fitted_<pool>.yaml)")
-    p.add_argument("--base", type=Path, default=Path("scenarios/workload/agentx.yaml"),
-                   help="workload scenario whose agentx values stand where the pool cannot "
-                        "fit them and whose replay policy is kept")
+    p.add_argument("--base", default="agentx",
+                   help="workload scenario (a scenarios/workload/ name or a WorkloadSpec YAML) "
+                        "whose agentx values stand where the pool cannot fit them and whose "
+                        "replay policy is kept (default: agentx)")
     p.add_argument("--confidence", type=float, default=0.95, help="CI level (default 0.95)")
     p.add_argument("--seed", type=int, default=0, help="seed of the comparison sessions")
     p.add_argument("--no-plot", action="store_true", help="skip the PNGs")
@@ -238,7 +250,6 @@ def fit_main(argv: list[str]) -> int:
         ScenarioError,
         WorkloadFileError,
     )
-    from rackSim.config.specs import resolve_path
     from rackSim.workload import fit_report as rep
     from rackSim.workload.generator_fit import fit_generator
     from rackSim.workload.jsonl import load_jsonl
@@ -251,9 +262,7 @@ def fit_main(argv: list[str]) -> int:
             graphs = load_jsonl(args.pool)
         except OSError as err:
             raise PoolInputError(f"POOL: cannot read {args.pool} ({err.strerror})") from err
-        base_path = resolve_path(args.base)
-        if base_path is None:
-            raise WorkloadFileError(f"--base: no such file {args.base}")
+        base_path = workload_scenario_path(args.base, "--base")
         try:
             w = yaml.safe_load(base_path.read_text()) or {}
             base = AgentXSpec.model_validate(w.get("agentx") or {})
@@ -265,7 +274,7 @@ def fit_main(argv: list[str]) -> int:
         except ValueError as err:
             raise PoolInputError(f"{args.pool}: {err}") from err
     except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"racksim-workload fit: {err}", file=sys.stderr)
         return err.exit_code
     out = args.out or args.pool.with_name(args.pool.stem + "_fit")
     out.mkdir(parents=True, exist_ok=True)

@@ -133,7 +133,9 @@ def test_command_bad_input(pool, tmp_path, capsys):
     assert main(["fit", str(pool), "--confidence", "1.5"]) == 2  # a flag
     assert "pick a level in (0, 1)" in capsys.readouterr().err
     assert main(["fit", str(pool), "--base", str(tmp_path / "none.yaml")]) == 4
-    assert "--base: no such file" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith(
+        f"racksim-workload fit: --base {tmp_path / 'none.yaml'}: no such file or workload "
+        "scenario; give a WorkloadSpec YAML or one of ['agentx'")
     bad_base = tmp_path / "bad.yaml"
     bad_base.write_text("agentx: {turns: 3}\n")
     assert main(["fit", str(pool), "--base", str(bad_base)]) == 4
