@@ -136,6 +136,8 @@ def test_command_bad_input(pool, tmp_path, capsys):
     assert capsys.readouterr().err.startswith(
         f"racksim-workload fit: --base {tmp_path / 'none.yaml'}: no such file or workload "
         "scenario; give a WorkloadSpec YAML or one of ['agentx'")
+    assert main(["fit", str(pool), "--base", "agentix"]) == 4  # a name not in scenarios/
+    assert "--base agentix: no such file or workload scenario" in capsys.readouterr().err
     bad_base = tmp_path / "bad.yaml"
     bad_base.write_text("agentx: {turns: 3}\n")
     assert main(["fit", str(pool), "--base", str(bad_base)]) == 4
