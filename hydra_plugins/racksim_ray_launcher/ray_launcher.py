@@ -17,6 +17,7 @@ file system that every node shares.
 
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,7 +93,7 @@ class RayLauncher(Launcher):
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         started = not ray.is_initialized()
         if started:
-            ray.init(address=self.address, **self.init)
+            connect(self.address, self.init)
         try:
             gcs = ray.get_runtime_context().gcs_address
             log.info(f"Ray ({gcs}) is launching {len(job_overrides)} jobs, "
@@ -108,6 +109,20 @@ class RayLauncher(Launcher):
         finally:
             if started:
                 ray.shutdown()
+
+
+def connect(address: Optional[str], init: dict[str, Any]) -> None:  # noqa: UP045
+    """`ray.init` at `address`; a cluster that does not answer ends the sweep before any job
+    with one line naming the address and the fix (exit 2, as a bad scenario value)."""
+    import ray
+
+    try:
+        ray.init(address=address, **init)
+    except ConnectionError as err:
+        print(f"racksim: hydra.launcher.address={address}: {err}; start one there "
+              "(`ray start --head`), or use address=local for a private Ray instance on this "
+              "machine", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _plain(node: Any) -> dict[str, Any]:

@@ -76,3 +76,22 @@ def test_ray_sweep_table(ray_sweep):
     direct = simulate(cfg, progress=False).summary
     assert ok.loc[8, "throughput_tok_s_gpu"] == pytest.approx(direct["throughput_tok_s_gpu"],
                                                               rel=1e-12)
+
+
+def test_a_cluster_that_does_not_answer_ends_the_sweep_in_one_line(monkeypatch, capsys):
+    """`ray.init` gives up on an address after about a minute of retries with a
+    ConnectionError: the sweep ends there, exit 2, naming the address and the fix."""
+    ray = pytest.importorskip("ray")
+    from hydra_plugins.racksim_ray_launcher.ray_launcher import connect
+
+    def refuse(address, **_):
+        raise ConnectionError(f"Failed to connect to Ray cluster at {address}")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(SystemExit) as ex:
+        connect("10.255.255.1:6379", {})
+    assert ex.value.code == 2
+    assert capsys.readouterr().err == (
+        "racksim: hydra.launcher.address=10.255.255.1:6379: Failed to connect to Ray cluster "
+        "at 10.255.255.1:6379; start one there (`ray start --head`), or use address=local for "
+        "a private Ray instance on this machine\n")
