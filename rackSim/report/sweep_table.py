@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -163,8 +164,14 @@ def format_sweep(df: pd.DataFrame, limit: int = 20) -> str:
     return shown
 
 
+EXIT_NOTHING_FINISHED = 1
+"""`racksim -m`'s exit code when no scenario of the sweep finished (the table lists why)."""
+
+
 class SweepTableCallback(Callback):
-    """Hydra callback: write the sweep table when a multirun ends."""
+    """Hydra callback: write the sweep table when a multirun ends; a sweep none of whose
+    scenarios finished then exits with EXIT_NOTHING_FINISHED (a sweep with some finished
+    ones exits 0: its table holds results)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -177,3 +184,7 @@ class SweepTableCallback(Callback):
         failed = int((df["status"] != "ok").sum())
         print(format_sweep(df))
         print(f"racksim: sweep table {pq} and {csv.name}: {len(df)} scenarios, {failed} failed")
+        if failed == len(df):
+            print(f"racksim: no scenario of the sweep finished; their errors are in the table's "
+                  f"error column ({csv})", file=sys.stderr)
+            raise SystemExit(EXIT_NOTHING_FINISHED)

@@ -12,11 +12,12 @@ BASE = ["experiment=smoke", "workload.replay.window_s=10", "progress=false"]
 AXES = ["deployment.decode.gpus=4,8,5", "workload.replay.concurrency=32,64"]
 
 
-def run_sweep(sweep_dir: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """`racksim -m` into `sweep_dir`; fails the test on a non-zero exit."""
+def run_sweep(sweep_dir: Path, *args: str, timeout: float = 240,
+              exit_code: int = 0) -> subprocess.CompletedProcess:
+    """`racksim -m` into `sweep_dir`; fails the test on another exit code than `exit_code`."""
     p = subprocess.run([*CMD, "-m", f"hydra.sweep.dir={sweep_dir}", *BASE, *args],
                        capture_output=True, text=True, timeout=timeout)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    assert p.returncode == exit_code, p.stdout[-2000:] + p.stderr[-4000:]
     return p
 
 

@@ -74,6 +74,15 @@ def test_failed_scenarios_are_listed_with_their_error(joblib_sweep):
         assert not (sweep_dir / row["job_dir"] / "summary.json").exists()
 
 
+def test_a_sweep_with_nothing_finished_exits_1_after_its_table(tmp_path):
+    """Every scenario refused by validation: the table is written (it lists why) and the
+    command exits 1; the shared sweep above, with 2 of 6 failed, exits 0."""
+    p = run_sweep(tmp_path / "s", "deployment.decode.gpus=5,7", exit_code=1)
+    assert "2 scenarios, 2 failed" in p.stdout
+    assert "racksim: no scenario of the sweep finished" in p.stderr
+    assert len(pd.read_csv(tmp_path / "s" / "sweep.csv")) == 2
+
+
 def test_the_sweep_prints_its_table(joblib_sweep):
     """The multirun ends with the table in the terminal: the swept keys (not the fixed
     ones), status, layout and the headline metrics of each scenario."""
