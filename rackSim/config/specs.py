@@ -29,7 +29,7 @@ def resolve_path(path: Path) -> Path | None:
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class DraftModelSpec(StrictModel):
@@ -582,7 +582,7 @@ class RunConfig(StrictModel):
     workload: WorkloadSpec
     pricing: PricingSpec
     perf: PerfSpec = PerfSpec()
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, description="the run's random seed")
     trace_tokens: bool = Field(
         default=False, description="record every emission time per request (small runs only)")
     progress: bool = True

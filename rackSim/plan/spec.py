@@ -31,7 +31,7 @@ Family = Literal["disaggregated", "colocated"]
 
 
 class PlanModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Demand(PlanModel):

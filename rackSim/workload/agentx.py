@@ -45,14 +45,14 @@ class Dist(_Strict):
     """
 
     kind: Literal["constant", "uniform", "randint", "lognormal", "exponential"]
-    value: float | None = None
-    low: float | None = None
-    high: float | None = None
-    median: float | None = Field(default=None, gt=0)
-    sigma: float | None = Field(default=None, ge=0)
-    mean: float | None = Field(default=None, gt=0)
-    min: float = 0.0
-    max: float = math.inf
+    value: float | None = Field(default=None, allow_inf_nan=False)
+    low: float | None = Field(default=None, allow_inf_nan=False)
+    high: float | None = Field(default=None, allow_inf_nan=False)
+    median: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    sigma: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    mean: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    min: float = Field(default=0.0, allow_inf_nan=False)
+    max: float = Field(default=math.inf, description="inf: no cap")
 
     @model_validator(mode="after")
     def _check(self) -> Dist:
@@ -64,6 +64,8 @@ class Dist(_Strict):
                              f"{sorted(given)}")
         if self.kind in ("uniform", "randint") and self.low > self.high:
             raise ValueError(f"low={self.low} exceeds high={self.high}")
+        if math.isnan(self.max):
+            raise ValueError("max=nan: give a number, or leave it out for no cap")
         if self.min > self.max:
             raise ValueError(f"min={self.min} exceeds max={self.max}")
         return self

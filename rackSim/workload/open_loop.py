@@ -21,7 +21,7 @@ KEY_SHIFT = 20  # instance i gets key_base (i + 1) << 20: node keys stay below 2
 class OpenLoopSpec(BaseModel):
     """How a timestamped workload is replayed open loop (the window comes from the run)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     speedup: float = Field(default=1.0, gt=0, description="trace seconds per simulated second")
     offset_s: float = Field(default=0.0, ge=0, description="skip this much of the trace (trace s)")

@@ -30,6 +30,15 @@ from rackSim.config.errors import ScenarioError
     (["hardware.hbm_bw_bytes_s=0"], ["hardware.hbm_bw_bytes_s", "greater than 0"]),
     (["workload.replay.concurrency=0"], ["workload.replay.concurrency"]),
     (["workload.replay.window_s=-5"], ["workload.replay.window_s"]),
+    # not finite (an infinite window ran into the progress bar's arithmetic) and a negative
+    # seed (numpy's traceback)
+    (["workload.replay.window_s=inf"], ["workload.replay.window_s", "finite number"]),
+    (["pricing.gpu_hour_usd=nan"], ["pricing.gpu_hour_usd", "finite number"]),
+    (["seed=-1"], ["seed", "greater than or equal to 0"]),
+    (["++workload.agentx.output_tokens={kind:lognormal,median:nan,sigma:1}"],
+     ["workload.agentx.output_tokens.median", "finite number"]),
+    (["++workload.agentx.output_tokens={kind:lognormal,median:200,sigma:1,max:nan}"],
+     ["workload.agentx.output_tokens", "max=nan", "leave it out for no cap"]),
     (["deployment.kv_transfer.efficiency=1.5"], ["deployment.kv_transfer.efficiency"]),
     (["deployment.decode.speculative.accepted_tokens_per_step=5"], ["exceeds"]),
     # speculation with a model that has no draft layers would be free
