@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from validate_support import HIGH, LOW, MeasuredRun, measure
 
+from rackSim.validate.driver import DRIVER_WAIT_LIMIT, driver_wait_share
 from rackSim.validate.server import ServerSettings, VllmServer, start_server
 
 
@@ -36,4 +37,18 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory):
 def measured_runs(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory
                   ) -> dict[int, MeasuredRun]:
     base = tmp_path_factory.mktemp("runs")
-    return {c: measure(vllm_server, c, base / f"c{c}") for c in (LOW, HIGH)}
+    return {c: _measured(vllm_server, c, base / f"c{c}") for c in (LOW, HIGH)}
+
+
+def _measured(server: VllmServer, concurrency: int, out: Path) -> MeasuredRun:
+    """A run at `concurrency` lanes, measured once more when the machine starved its driver:
+    it waited for a CPU more than three times DRIVER_WAIT_LIMIT of the replay, the bound the
+    tests hold a run to (a two-lane run of a clean-clone CI once waited 45 %, and its throughput
+    came out at a third of the prediction, which other runs meet within 8 %). The starved run
+    is kept beside, as `<run>-starved`.
+    A server that is not niced starves every run (43 %), so the bound still catches it."""
+    run = measure(server, concurrency, out)
+    if driver_wait_share(run.outcome.meta["segments"][-1]) > 3 * DRIVER_WAIT_LIMIT:
+        out.rename(out.with_name(out.name + "-starved"))
+        run = measure(server, concurrency, out)
+    return run
