@@ -22,20 +22,7 @@ def compose_scenario(overrides: Sequence[str] = (), config_dir: Path | str | Non
     """The validated RunConfig of `scenarios/config.yaml` with Hydra `overrides` applied,
     e.g. `compose_scenario(["experiment=smoke", "deployment.decode.gpus=8"])`. An unknown
     key or group option is a ScenarioError naming it and the fix, as on the command line."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    if GlobalHydra.instance().is_initialized():
-        GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(config_dir or SCENARIOS_DIR),
-                                   version_base=None):
-            tree = compose("config", overrides=list(overrides))
-    except (HydraException, OmegaConfBaseException) as err:
-        raise ScenarioError(_plain_hydra_error(err, overrides)) from None
-    return load_run_config(tree)
+    return load_run_config(_compose(overrides, config_dir))
 
 
 def check_overrides(args: Sequence[str], config_dir: Path | str | None = None) -> None:
@@ -43,24 +30,32 @@ def check_overrides(args: Sequence[str], config_dir: Path | str | None = None) -
     unknown key or group option ends in one plain ScenarioError naming it and the fix (Hydra's
     own report is a traceback line and a hint). Multirun and Hydra's own flags are left to
     Hydra (each sweep job validates its scenario)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    if any(a.startswith("-") for a in args):
+        return
+    try:
+        _compose([a for a in args if not a.lstrip("+~").startswith("hydra")], config_dir)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _compose(overrides: Sequence[str], config_dir: Path | str | None):
+    """The Hydra tree of `scenarios/config.yaml` (or `config_dir`) with `overrides`; an
+    unknown key or group option is a ScenarioError (`_plain_hydra_error`)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    if any(a.startswith("-") for a in args):
-        return
-    overrides = [a for a in args if not a.lstrip("+~").startswith("hydra")]
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(config_dir or SCENARIOS_DIR),
                                    version_base=None):
-            compose("config", overrides=overrides)
+            return compose("config", overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as err:
         raise ScenarioError(_plain_hydra_error(err, overrides)) from None
-    finally:
-        GlobalHydra.instance().clear()
 
 
 def _plain_hydra_error(err: Exception, overrides: Sequence[str]) -> str:
