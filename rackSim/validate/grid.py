@@ -184,9 +184,9 @@ def held_out_table(df: pd.DataFrame) -> pd.DataFrame:
     wide["within_goal"] = [all(abs(r[m]) <= GOAL_PCT[m] for m in HEADLINE
                                if m in r and not math.isnan(r[m]))
                            for _, r in wide.iterrows()]
+    runs, conds = wide.set_index(keys).index, held.groupby(keys)
     for cond in ("busy", "drifting"):
-        wide[cond] = wide.set_index(keys).index.map(
-            held.groupby(keys)[cond].any()).astype(bool)
+        wide[cond] = runs.map(conds[cond].any()).astype(bool)
     return wide
 
 
