@@ -244,12 +244,7 @@ def _fit_parser() -> argparse.ArgumentParser:
 def fit_main(argv: list[str]) -> int:
     """`racksim-workload fit`: exit 0, or the bad input class's code with the reason on
     stderr (flags 2, base workload YAML 4, pool 5)."""
-    from rackSim.config.errors import (
-        InputError,
-        PoolInputError,
-        ScenarioError,
-        WorkloadFileError,
-    )
+    from rackSim.config.errors import ScenarioError
     from rackSim.workload import fit_report as rep
     from rackSim.workload.generator_fit import fit_generator
     from rackSim.workload.jsonl import load_jsonl
