@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rackSim.calibrate.scenario import DEFAULT_PROFILE
 from rackSim.config.errors import InputError
-from rackSim.config.flags import positive_int, whole_numbers_above
+from rackSim.config.flags import output_file, positive_int, whole_numbers_above
 from rackSim.config.scenarios import scenario_options
 from rackSim.perf.profile import Profile
 
@@ -24,7 +24,7 @@ from rackSim.perf.profile import Profile
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="racksim-calibrate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=DEFAULT_PROFILE,
+    ap.add_argument("--out", type=output_file, default=DEFAULT_PROFILE,
                     help="profile to write (default: %(default)s)")
     ap.add_argument("--no-aic", action="store_true",
                     help="skip the aiconfigurator-core kernel-table fit")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -42,7 +41,7 @@ from rackSim.calibrate.loo import calibration_loo, figure_id
 from rackSim.calibrate.scenario import CALIBRATION
 from rackSim.config import RunConfig, compose_scenario
 from rackSim.config.errors import ScenarioError
-from rackSim.config.flags import positive_float, positive_int
+from rackSim.config.flags import positive_float, positive_int, unwritable
 from rackSim.perf.profile import Profile
 from rackSim.report.fidelity_plots import plot_fidelity
 from rackSim.run import simulate
@@ -289,13 +288,9 @@ def _check(args: argparse.Namespace) -> Path:
     """Check --out (the numbers are checked by their argparse types); returns the output
     directory (not created yet)."""
     out = args.out or Path("runs/fidelity") / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    if out.exists() and not out.is_dir():
-        raise FidelityError(f"--out {out}: exists and is not a directory")
-    parent = out
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise FidelityError(f"--out {out}: {parent} is not a writable directory")
+    reason = unwritable(out, "directory")
+    if reason is not None:
+        raise FidelityError(f"--out {out}: {reason}")
     return out
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import pandas as pd
 
 from rackSim.calibrate.figures import FIGURES_CSV
-from rackSim.config.flags import positive_int
+from rackSim.config.flags import output_file, positive_int
 
 
 class HeadlineError(ValueError):
@@ -323,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="calibration profile for the decode step (default: %(default)s)")
     ap.add_argument("--context", type=positive_int, default=32768,
                     help="context tokens per decode request (default: %(default)s)")
-    ap.add_argument("--csv", type=Path, default=None, help="also write the layout table here")
+    ap.add_argument("--csv", type=output_file, default=None,
+                    help="also write the layout table here")
     args = ap.parse_args(argv)
     try:
         h = read_headline(args.figures)
@@ -339,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     table = headline_table(h, depths.__getitem__)
     print(format_report(h, table, args.context))
     if args.csv is not None:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.csv, index=False)
         print(f"wrote {args.csv}")
     return 0

@@ -44,7 +44,7 @@ from rackSim.calibrate.workload_fit import (
     layout_label,
     starting_points,
 )
-from rackSim.config.flags import above, positive_float, positive_int
+from rackSim.config.flags import above, output_file, positive_float, positive_int
 
 EXIT_NOT_CONVERGED = 3
 #: The router of the fitted layout: session affinity (a session stays on the prefill instance
@@ -346,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                          "the fitted point; at least 2 (default: %(default)s)")
     ap.add_argument("--context", type=positive_int, default=32768,
                     help="context per request for the starting decode depth (default: 32768)")
-    ap.add_argument("--cache", type=Path, default=Path("runs/workload_fit/evaluations.jsonl"),
+    ap.add_argument("--cache", type=output_file,
+                    default=Path("runs/workload_fit/evaluations.jsonl"),
                     help="simulated points, reused by later fits (default: %(default)s)")
     ap.add_argument("--hold", action="append", default=[], metavar="NAME=VALUE",
                     help="hold a free parameter at a value instead of fitting it (repeatable)")

@@ -37,6 +37,7 @@ import yaml
 
 from rackSim.calibrate import aic
 from rackSim.calibrate.scenario import SCENARIOS
+from rackSim.config.flags import output_dir
 from rackSim.config.specs import AttentionShape, ModelSpec
 from rackSim.perf.dense import FP8_BLOCK_WEIGHT_BYTES, DenseGeometry, dense_params, model_gemms
 
@@ -330,7 +331,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--precision", choices=sorted(PRECISIONS), default="fp8",
                     help="served precision of weights and KV cache (default: %(default)s)")
     ap.add_argument("--name", help="spec name (default: the config's model name, snake case)")
-    ap.add_argument("--out-dir", type=Path, default=SCENARIOS / "model")
+    ap.add_argument("--out-dir", type=output_dir, default=SCENARIOS / "model")
     return ap
 
 

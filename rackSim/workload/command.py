@@ -26,7 +26,13 @@ from rackSim.config.errors import (
     WorkloadFileError,
     read_yaml_mapping,
 )
-from rackSim.config.flags import nonnegative_float, positive_float, positive_int
+from rackSim.config.flags import (
+    nonnegative_float,
+    output_dir,
+    output_file,
+    positive_float,
+    positive_int,
+)
 from rackSim.config.loading import describe_fields
 from rackSim.workload.agentx import AgentXSpec
 from rackSim.workload.graph import SessionGraph
@@ -64,10 +70,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-tokens", type=positive_float, nargs="*",
                    default=[float(1 << 20)],
                    help="finite LRU prefix-cache capacities (tokens; default 1048576)")
-    p.add_argument("--out", type=Path, help="directory for summary.json, requests.csv, PNG "
+    p.add_argument("--out", type=output_dir, help="directory for summary.json, requests.csv, PNG "
                    "(default: print the table only)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    p.add_argument("--save-jsonl", type=Path, metavar="FILE", help="save the graphs as JSONL")
+    p.add_argument("--save-jsonl", type=output_file, metavar="FILE",
+                   help="save the graphs as JSONL")
     p.add_argument("--with-hashes", action="store_true",
                    help="write each prompt's block hashes into the saved JSONL")
     return p
@@ -183,7 +190,7 @@ def _import_parser() -> argparse.ArgumentParser:
                                 description="agent session logs -> anonymised session-graph "
                                             "JSONL (docs/agent_logs.md)")
     p.add_argument("logs", type=Path, help="a log file or a directory of them")
-    p.add_argument("--out", type=Path, required=True, help="the pool to write (JSONL)")
+    p.add_argument("--out", type=output_file, required=True, help="the pool to write (JSONL)")
     p.add_argument("--format", choices=("auto", "claude-code", "openai"), default="auto",
                    help="log layout (default: detected from the first entry)")
     p.add_argument("--strict", action="store_true",
@@ -228,8 +235,8 @@ def _fit_parser() -> argparse.ArgumentParser:
                                 description="maximum-likelihood AgentX parameters of a pool, "
                                             "a workload YAML and a goodness-of-fit report")
     p.add_argument("pool", type=Path, help="a racksim-workload JSONL pool")
-    p.add_argument("--out", type=Path, help="report directory (default: POOL_fit/ beside it)")
-    p.add_argument("--yaml", type=Path,
+    p.add_argument("--out", type=output_dir, help="report directory (default: POOL_fit/ beside it)")
+    p.add_argument("--yaml", type=output_file,
                    help="the fitted workload YAML (default: OUT/fitted_<pool>.yaml)")
     p.add_argument("--base", default="agentx",
                    help="workload scenario (a scenarios/workload/ name or a WorkloadSpec YAML) "

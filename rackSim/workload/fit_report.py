@@ -64,6 +64,7 @@ def write_workload_yaml(fit: GeneratorFit, pool: str, replay: dict[str, Any], pa
         lines.append(f"  {key}: {text}  # {note}")
     lines.append("replay:  # ASSUMED: the base scenario's replay policy")
     lines += [f"  {k}: {_num(v)}" for k, v in replay.items()]
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
 
 

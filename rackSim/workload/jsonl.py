@@ -53,6 +53,7 @@ def save_jsonl(graphs: Iterable[SessionGraph], path: str | Path,
     header = {"format": FORMAT, "version": VERSION, "block_tokens": BLOCK_TOKENS,
               "sessions": len(graphs), "requests": sum(len(g.requests) for g in graphs),
               "meta": meta or {}}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps(header) + "\n")
         for g in graphs:

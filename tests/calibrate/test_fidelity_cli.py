@@ -93,7 +93,7 @@ def test_out_under_a_file_or_unwritable(tmp_path: Path,
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o555)
         assert fidelity.main(["--out", str(locked / "r")]) == fidelity.EXIT_BAD_INPUT
-        assert "not a writable directory" in capsys.readouterr().err
+        assert "is not writable" in capsys.readouterr().err
 
 
 def test_bad_headline_fit_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -1,12 +1,14 @@
-"""The number flags' argparse types: what they accept and the one line they refuse with."""
+"""The number and output-path flags' argparse types: what they accept and the one line they
+refuse with."""
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 
-from rackSim.config.flags import above, whole_numbers_above
+from rackSim.config.flags import above, output_dir, output_file, whole_numbers_above
 
 
 @pytest.mark.parametrize("kind, low, equal, text, want", [
@@ -36,3 +38,32 @@ def test_whole_numbers_above():
                           ("", "an empty item")):
         with pytest.raises(argparse.ArgumentTypeError, match=message):
             whole_numbers_above(0)(text)
+
+
+def test_output_paths_accepted(tmp_path):
+    """An existing directory, or one (or a file) whose missing directories can be made;
+    nothing is made while the flag is parsed."""
+    assert output_dir(str(tmp_path)) == tmp_path
+    assert output_dir(str(tmp_path / "a" / "b")) == tmp_path / "a" / "b"
+    assert output_file(str(tmp_path / "a" / "t.csv")) == tmp_path / "a" / "t.csv"
+    (tmp_path / "old.csv").write_text("x")
+    assert output_file(str(tmp_path / "old.csv")) == tmp_path / "old.csv"  # overwritten
+    assert list(tmp_path.iterdir()) == [tmp_path / "old.csv"]
+
+
+def test_output_paths_refused(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for parse, text, message in (
+            (output_dir, blocker, f"{blocker} exists and is not a directory; give a directory"),
+            (output_dir, blocker / "sub", f"{blocker} is a file, so {blocker / 'sub'} cannot "
+                                          "be made; give another path"),
+            (output_file, blocker / "t.csv", f"{blocker} is a file, so"),
+            (output_file, tmp_path, f"{tmp_path} is a directory; give a file's path")):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"^{message}"):
+            parse(str(text))
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # root may write anywhere
+    with pytest.raises(argparse.ArgumentTypeError,
+                       match=f"^{tmp_path} is not writable; give a path you can write$"):
+        output_dir(str(tmp_path / "new"))
+    assert list(tmp_path.iterdir()) == [blocker]
