@@ -54,15 +54,21 @@ def _run(tree: DictConfig) -> float | None:
     return result.summary["throughput_tok_s_gpu"]
 
 
-def run() -> None:
+def _check_command_line(command: str) -> None:
+    """A Hydra command's overrides, checked before Hydra runs: a bad one ends in one line
+    and its class's exit code (`check_overrides`)."""
     from rackSim.config.errors import ScenarioError
     from rackSim.config.scenarios import check_overrides
 
     try:
         check_overrides(sys.argv[1:])
     except ScenarioError as err:
-        print(f"racksim: {err}", file=sys.stderr)
+        print(f"{command}: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
+
+
+def run() -> None:
+    _check_command_line("racksim")
     _run()
 
 
@@ -96,6 +102,7 @@ def _plan(tree: DictConfig) -> None:
 
 
 def plan() -> None:
+    _check_command_line("racksim-plan")
     _plan()
 
 

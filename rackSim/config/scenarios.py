@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rackSim.config.errors import ScenarioError
+from rackSim.config.flags import unwritable
 from rackSim.config.loading import load_run_config
 from rackSim.config.specs import RunConfig
 
@@ -28,10 +29,18 @@ def compose_scenario(overrides: Sequence[str] = (), config_dir: Path | str | Non
 def check_overrides(args: Sequence[str], config_dir: Path | str | None = None) -> None:
     """Compose the scenario the command line asks for, before Hydra runs it, so that an
     unknown key or group option ends in one plain ScenarioError naming it and the fix (Hydra's
-    own report is a traceback line and a hint). Multirun and Hydra's own flags are left to
+    own report is a traceback line and a hint). A run or sweep directory
+    (`hydra.run.dir`, `hydra.sweep.dir`) that cannot be made is refused too, multirun or not
+    (Hydra would end in an OSError traceback). Multirun and Hydra's other flags are left to
     Hydra (each sweep job validates its scenario)."""
     from hydra.core.global_hydra import GlobalHydra
 
+    for arg in args:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and value:
+            reason = unwritable(Path(value), "directory")
+            if reason is not None:
+                raise ScenarioError(f"{key}={value}: {reason}")
     if any(a.startswith("-") for a in args):
         return
     try:
@@ -75,6 +84,14 @@ def _plain_hydra_error(err: Exception, overrides: Sequence[str]) -> str:
     key = re.search(r"Key '([^']+)' is not in struct|Could not override '([^']+)'", text)
     if key is not None:
         name = key[1] or key[2]
+        cause = str(err.__cause__ or "")  # Hydra keeps OmegaConf's own words there
+        missing = re.search(r"Key '([^'.]+)' is not in struct", f"{text}\n{cause}")
+        if missing is not None and name.startswith(missing[1] + "."):
+            unchosen = missing[1]
+            options = scenario_options(unchosen)
+            if options:  # a key of a config group none of whose options is chosen
+                return (f"{name}: no {unchosen} chosen, so it has no keys; choose one first "
+                        f"({unchosen}=<one of {', '.join(options)}>)")
         return (f"{name}: no such scenario key; check its spelling (`racksim --cfg job` "
                 "lists the keys)")
     return f"invalid override ({first}); overrides given: {' '.join(overrides)}"

@@ -48,6 +48,17 @@ def test_good_overrides_and_hydra_flags_pass():
     check_overrides(["-m", "nonsense.key=1,2"])  # sweeps: each job validates its scenario
 
 
+@pytest.mark.parametrize("args", [["hydra.run.dir={d}"], ["-m", "seed=1,2", "hydra.sweep.dir={d}"]])
+def test_run_and_sweep_directories_that_cannot_be_made(tmp_path, args):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    args = [a.format(d=blocker / "run") for a in args]
+    key = args[-1].partition("=")[0]
+    with pytest.raises(ScenarioError, match=f"^{key}={blocker / 'run'}: {blocker} is a file, so "):
+        check_overrides(["experiment=smoke", *args])
+    assert list(tmp_path.iterdir()) == [blocker]
+
+
 def test_profiles_that_are_not_profiles(tmp_path):
     bad_yaml = tmp_path / "bad.yaml"
     bad_yaml.write_text("name: x\nparams: {a: [1, 2\n")

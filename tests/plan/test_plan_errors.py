@@ -68,6 +68,14 @@ def test_no_plan_chosen_says_how_to_pick_one():
     # anything is simulated or written
     (SMALL + ["plan.space.decode_gpus=[5]", "plan.space.colocated_gpus=[5]"],
      "deployment.decode.gpus=5: 384 routed + 0 redundant experts cannot be spread evenly"),
+    # overrides Hydra cannot apply: one line, checked before Hydra runs (it printed its own
+    # report and exited 1)
+    (["plan=nope"], "racksim-plan: plan=nope: no such option in scenarios/plan/; choose one of "
+                    "agentx_reference"),
+    (["plan.demand.agents=8000"], "racksim-plan: plan.demand.agents: no plan chosen, so it has "
+                                  "no keys; choose one first (plan=<one of agentx_reference>)"),
+    (["plan=agentx_reference", "plan.demand.agentz=8000"],
+     "racksim-plan: plan.demand.agentz: no such scenario key"),
 ])
 def test_cli_refuses_before_running(tmp_path, overrides, says):
     run = subprocess.run(
