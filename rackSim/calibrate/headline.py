@@ -31,11 +31,15 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from rackSim.calibrate.figures import FIGURES_CSV
 from rackSim.config.flags import output_file, positive_int
+
+if TYPE_CHECKING:
+    from rackSim.perf.profile import Profile
 
 
 class HeadlineError(ValueError):
@@ -251,18 +255,17 @@ def depth_at_step(step_ms: Callable[[float], float], target_ms: float,
     return (lo + hi) / 2
 
 
-def calibrated_decode_step(profile: Path, decode_gpus: int, context: int
+def calibrated_decode_step(profile: Profile, decode_gpus: int, context: int
                            ) -> Callable[[float], float]:
     """Mean decode step (ms) of a steady DEP`decode_gpus` instance of the reference deployment
     as a function of requests per rank, each request at `context` tokens; EPLB in steady state
     between rearrangements and the straggler term at its expectation."""
     from rackSim.calibrate.scenario import operating_point
     from rackSim.perf.calibrated import CalibratedStepModel
-    from rackSim.perf.profile import Profile
     from rackSim.perf.step import DecodeBatch
 
     cfg = operating_point(decode_gpus=decode_gpus)
-    model = CalibratedStepModel(cfg, "decode", profile=Profile.load(profile))
+    model = CalibratedStepModel(cfg, "decode", profile=profile)
     spec = cfg.deployment.decode.speculative
     interval = cfg.deployment.eplb.interval_steps
     step_index = 2 * interval + interval // 2
@@ -335,7 +338,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"racksim-calibrate headline: --profile {args.profile}: no such file",
               file=sys.stderr)
         return 2
-    steps = {n: calibrated_decode_step(args.profile, n, args.context) for n in h.decode_widths}
+    from rackSim.perf.profile import Profile
+
+    profile = Profile.load(args.profile, "--profile")  # not a profile: exit 3, named
+    steps = {n: calibrated_decode_step(profile, n, args.context) for n in h.decode_widths}
     depths = {n: depth_at_step(steps[n], h.p90_step_ms) for n in h.decode_widths}
     table = headline_table(h, depths.__getitem__)
     print(format_report(h, table, args.context))

@@ -45,6 +45,7 @@ from rackSim.calibrate.workload_fit import (
     starting_points,
 )
 from rackSim.config.flags import above, output_file, positive_float, positive_int
+from rackSim.perf.profile import Profile
 
 EXIT_NOT_CONVERGED = 3
 #: The router of the fitted layout: session affinity (a session stays on the prefill instance
@@ -392,10 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     args.cache.parent.mkdir(parents=True, exist_ok=True)
     evaluate = Evaluator(BASE, settings, args.cache)
     depths: dict[int, float] = {}
+    profile = Profile.load(DEFAULT_PROFILE)
 
     def depth(n: int) -> float:
         if n not in depths:
-            depths[n] = depth_at_step(calibrated_decode_step(DEFAULT_PROFILE, n, args.context),
+            depths[n] = depth_at_step(calibrated_decode_step(profile, n, args.context),
                                       h.p90_step_ms)
         return depths[n]
 

@@ -136,3 +136,12 @@ def test_command_refuses_a_context_that_is_not_a_token_count(
         with pytest.raises(SystemExit) as ex:
             main(["headline", "--context", value])
         assert ex.value.code == 2 and f"argument --context: {says}" in capsys.readouterr().err
+
+
+def test_command_names_a_profile_that_is_not_one(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "p.yaml"
+    bad.write_text("just text\n")
+    assert main(["headline", "--profile", str(bad)]) == 3  # the profile class's code
+    assert (f"racksim-calibrate headline: --profile {bad}: expected a mapping"
+            in capsys.readouterr().err)

@@ -12,8 +12,8 @@ from rackSim.calibrate.scenario import DEFAULT_PROFILE
 from rackSim.perf.profile import Profile
 from rackSim.report.command import main as plot
 from rackSim.validate.command import main as validate
-from rackSim.workload.jsonl import load_jsonl
 from rackSim.workload.command import main as workload
+from rackSim.workload.jsonl import load_jsonl
 
 # (command, its arguments before the flag, the flag); the flag's value is put under a file
 FLAGS = [
