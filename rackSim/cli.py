@@ -68,8 +68,18 @@ def _check_command_line(command: str) -> None:
 
 
 def run() -> None:
-    _check_command_line("racksim")
-    _run()
+    try:
+        _check_command_line("racksim")
+        _run()
+    except KeyboardInterrupt:  # outside a simulation loop, which keeps what it simulated
+        from rackSim.report.sweep_table import SweepTableCallback, report_interrupted_sweep
+
+        if SweepTableCallback.under_way is not None:
+            report_interrupted_sweep(SweepTableCallback.under_way)
+        else:
+            print("racksim: interrupted before a result was complete; nothing written is a "
+                  "result (a directory holding part of one is marked PARTIAL)", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 @hydra.main(config_path=str(SCENARIOS_DIR), config_name="config", version_base=None)
@@ -90,6 +100,11 @@ def _plan(tree: DictConfig) -> None:
         sys.exit(EXIT_BAD_INPUT)
     try:
         result = run_plan(inputs, out, list(hc.overrides.task))
+    except KeyboardInterrupt:
+        print(f"racksim-plan: interrupted; no plan written. To go on, run the same command "
+              f"with hydra.run.dir={out}: candidates already simulated are not simulated "
+              "again", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
     except PlanError as err:
         print(f"racksim-plan: {err}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
@@ -102,8 +117,12 @@ def _plan(tree: DictConfig) -> None:
 
 
 def plan() -> None:
-    _check_command_line("racksim-plan")
-    _plan()
+    try:
+        _check_command_line("racksim-plan")
+        _plan()
+    except KeyboardInterrupt:
+        print("racksim-plan: interrupted; no plan written", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 def calibrate() -> None:

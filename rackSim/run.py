@@ -24,7 +24,7 @@ from rackSim.config.specs import DeploymentSpec, RunConfig
 from rackSim.engine.simulation import Simulation
 from rackSim.metrics.summary import FleetLayout, Result, summarize, window_mask
 from rackSim.perf.step import COMPONENTS
-from rackSim.report.files import write_result
+from rackSim.report.files import PARTIAL_MARKER, write_result
 from rackSim.workload.graph import SessionGraph
 from rackSim.workload.sources import load_sessions
 
@@ -95,12 +95,18 @@ def simulate_to(cfg: RunConfig, out_dir: Path, plots: bool = True,
     is imported only when plots are drawn (0.4 s of a sweep job's or a notebook's start)."""
     result = simulate(cfg, progress=progress)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "scenario.json").write_text(cfg.model_dump_json(indent=2))
-    write_result(result, out_dir)
-    if plots:
-        from rackSim.report.plots import plot_run
+    try:
+        (out_dir / "scenario.json").write_text(cfg.model_dump_json(indent=2))
+        write_result(result, out_dir)
+        if plots:
+            from rackSim.report.plots import plot_run
 
-        plot_run(result, out_dir)
+            plot_run(result, out_dir)
+    except KeyboardInterrupt:  # files may be missing or cut short: not a result
+        (out_dir / PARTIAL_MARKER).write_text(
+            "This run was interrupted while its results were being written: files may be "
+            "missing or cut short.\n")
+        raise
     return result
 
 
@@ -144,8 +150,9 @@ def run_sweep_job(tree: Mapping[str, Any], job_dir: Path, sweep_dir: Path,
 
     Skips it when `sweep_dir` already holds a finished job with the same overrides; otherwise
     validates and simulates it into `job_dir`. Any error (invalid scenario, exception while
-    simulating) is written to `error.json` and recorded as `status: failed`; it never raises,
-    so one bad scenario does not stop the others.
+    simulating) is written to `error.json` and recorded as `status: failed`, so one bad
+    scenario does not stop the others. Ctrl-C is recorded the same way (`interrupted`) and
+    then passed on as KeyboardInterrupt: it stops the sweep, not just this scenario.
     """
     from rackSim.config import load_run_config
 
@@ -160,13 +167,18 @@ def run_sweep_job(tree: Mapping[str, Any], job_dir: Path, sweep_dir: Path,
                               "host": socket.gethostname(), "pid": os.getpid(),
                               "started_at": time.time()}
     (job_dir / JOB_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    interrupted = False
     try:
         cfg = load_run_config(tree)
         record["layout"] = layout_name(cfg.deployment)
         result = simulate_to(cfg, job_dir, plots=False, progress=False)
-        record["status"] = "failed" if result.summary.get("partial") else "ok"
-        if record["status"] == "failed":
+        interrupted = bool(result.summary.get("partial"))
+        record["status"] = "failed" if interrupted else "ok"
+        if interrupted:
             record["error"] = "interrupted: partial results"
+    except KeyboardInterrupt:  # outside the simulation loop (which keeps what it simulated)
+        interrupted = True
+        record.update(status="failed", error="interrupted before its results were complete")
     except Exception as err:  # noqa: BLE001 - a sweep records every failure and goes on
         record.update(status="failed", error=f"{type(err).__name__}: {err}")
         (job_dir / ERROR_RECORD).write_text(json.dumps(
@@ -174,4 +186,6 @@ def run_sweep_job(tree: Mapping[str, Any], job_dir: Path, sweep_dir: Path,
              "traceback": traceback.format_exc()}, indent=2) + "\n")
     record["finished_at"] = time.time()
     (job_dir / JOB_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    if interrupted:
+        raise KeyboardInterrupt
     return record

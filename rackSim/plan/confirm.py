@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -107,14 +108,31 @@ def run_confirmation(ids: Sequence[str], plan: PlanSpec, out_dir: Path,
     """Simulate the candidates `ids`; one row per candidate of the sweep table (status,
     error, metrics), indexed by candidate id."""
     cmd = confirm_command(ids, plan, out_dir, scenario_overrides)
-    done = subprocess.run(cmd, stdout=sys.stderr, check=False)
+    returncode = _run_sweep(cmd)
     try:
         table = build_table(out_dir / "confirm")
     except FileNotFoundError:
-        raise ConfirmError(f"the confirmation sweep ran no job (exit {done.returncode}): "
+        raise ConfirmError(f"the confirmation sweep ran no job (exit {returncode}): "
                            f"{' '.join(cmd[3:])}") from None
     table = table[table[CANDIDATE_GROUP].isin(ids)]
     return table.set_index(CANDIDATE_GROUP)
+
+
+def _run_sweep(cmd: Sequence[str]) -> int:
+    """Run the sweep; its exit code. On Ctrl-C the sweep is let finish its own interrupt
+    (it keeps what it simulated and writes its table; a terminal's Ctrl-C reaches it too, a
+    signal to this process alone is passed on after a second) before KeyboardInterrupt
+    goes on."""
+    sweep = subprocess.Popen(cmd, stdout=sys.stderr)
+    try:
+        return sweep.wait()
+    except KeyboardInterrupt:
+        try:
+            sweep.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            sweep.send_signal(signal.SIGINT)
+            sweep.wait()
+        raise
 
 
 def compare(screened: pd.DataFrame, simulated: pd.DataFrame) -> pd.DataFrame:

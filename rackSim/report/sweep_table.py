@@ -173,18 +173,37 @@ class SweepTableCallback(Callback):
     scenarios finished then exits with EXIT_NOTHING_FINISHED (a sweep with some finished
     ones exits 0: its table holds results)."""
 
+    #: the directory of the sweep under way in this process, for the report of a sweep that
+    #: Ctrl-C stops (Hydra then calls no end hook)
+    under_way: Path | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        SweepTableCallback.under_way = Path(str(config.hydra.sweep.dir))
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        try:
-            pq, csv = write_table(sweep_dir)
-        except FileNotFoundError as err:
-            print(f"racksim: no sweep table: {err}")
-            return
-        df = pd.read_parquet(pq)
-        failed = int((df["status"] != "ok").sum())
-        print(format_sweep(df))
-        print(f"racksim: sweep table {pq} and {csv.name}: {len(df)} scenarios, {failed} failed")
-        if failed == len(df):
-            print(f"racksim: no scenario of the sweep finished; their errors are in the table's "
-                  f"error column ({csv})", file=sys.stderr)
+        df = report_sweep(Path(str(config.hydra.sweep.dir)))
+        if df is not None and (df["status"] != "ok").all():
+            print("racksim: no scenario of the sweep finished; their errors are in the table's "
+                  "error column", file=sys.stderr)
             raise SystemExit(EXIT_NOTHING_FINISHED)
+
+
+def report_sweep(sweep_dir: Path) -> pd.DataFrame | None:
+    """Write the sweep table and print it with its counts; None when no job left a record."""
+    try:
+        pq, csv = write_table(sweep_dir)
+    except FileNotFoundError as err:
+        print(f"racksim: no sweep table: {err}")
+        return None
+    df = pd.read_parquet(pq)
+    failed = int((df["status"] != "ok").sum())
+    print(format_sweep(df))
+    print(f"racksim: sweep table {pq} and {csv.name}: {len(df)} scenarios, {failed} failed")
+    return df
+
+
+def report_interrupted_sweep(sweep_dir: Path) -> None:
+    """After Ctrl-C stopped a sweep: the table of the scenarios it reached, and how to go on."""
+    report_sweep(sweep_dir)
+    print(f"racksim: sweep interrupted; to go on, run the same command with "
+          f"hydra.sweep.dir={sweep_dir}: finished scenarios are skipped", file=sys.stderr)

@@ -132,3 +132,31 @@ def test_plots_false_writes_the_tables_and_no_figure(tmp_path):
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "summary.json").is_file() and (tmp_path / "steps.parquet").is_file()
     assert not list(tmp_path.glob("*.png"))
+
+
+def _interrupted_run(tmp_path, patch: str) -> subprocess.CompletedProcess:
+    """`racksim` with Ctrl-C raised by the patched function `patch` of rackSim.run (a
+    KeyboardInterrupt where a real Ctrl-C would land outside the simulation loop)."""
+    code = ("import rackSim.run as r\n"
+            "def interrupted(*a, **k): raise KeyboardInterrupt\n"
+            f"r.{patch} = interrupted\n"
+            "from rackSim.cli import run; run()")
+    return subprocess.run([sys.executable, "-c", code, f"hydra.run.dir={tmp_path / 'run'}",
+                           "experiment=smoke", "progress=false"],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_ctrl_c_before_the_simulation_is_one_line_and_130(tmp_path):
+    p = _interrupted_run(tmp_path, "simulate_to")
+    assert p.returncode == 130, p.stderr
+    assert p.stderr.strip() == ("racksim: interrupted before a result was complete; nothing "
+                                "written is a result (a directory holding part of one is "
+                                "marked PARTIAL)")
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_ctrl_c_while_writing_marks_the_directory_partial(tmp_path):
+    p = _interrupted_run(tmp_path, "write_result")
+    assert p.returncode == 130 and "Traceback" not in p.stderr, p.stderr
+    marker = (tmp_path / "run" / "PARTIAL").read_text()
+    assert "interrupted while its results were being written" in marker

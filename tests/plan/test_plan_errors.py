@@ -3,14 +3,18 @@ within the limits can serve gets the best found and the SLO it misses."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import threading
 
 import pandas as pd
 import pytest
 from plan_support import SMALL, compose_plan, compose_tree
 
 from rackSim.plan.command import run_plan, scenario_overrides, write_plan
+from rackSim.plan.confirm import _run_sweep
 from rackSim.plan.inputs import PlanError
 from rackSim.report.plan_table import format_plan
 
@@ -148,3 +152,34 @@ def test_simulation_verdicts_name_the_missed_slo(small_inputs):
     failed = row.copy()
     failed["des_status"], failed["des_error"] = "failed", "ValueError: boom"
     assert des_verdict(failed, small_inputs) == "simulation failed: ValueError: boom"
+
+
+def test_ctrl_c_lets_the_confirmation_sweep_keep_what_it_ran(tmp_path):
+    """Ctrl-C reaching racksim-plan alone, while its confirmation sweep runs: the sweep gets
+    the signal and is let end on its own (its handler here writes a file, as the real one
+    writes its table) before the interrupt goes on; it is not killed."""
+    kept = tmp_path / "kept"
+    sweep = ("import pathlib, signal, sys, time\n"
+             "def stop(*_):\n"
+             f"    pathlib.Path({str(kept)!r}).write_text('table'); sys.exit(130)\n"
+             "signal.signal(signal.SIGINT, stop)\n"
+             "time.sleep(60)\n")
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        _run_sweep([sys.executable, "-c", sweep])
+    assert kept.read_text() == "table"
+
+
+def test_ctrl_c_during_the_plan_is_one_line_and_130(tmp_path):
+    code = ("import rackSim.plan.command as c\n"
+            "def interrupted(*a, **k): raise KeyboardInterrupt\n"
+            "c.run_plan = interrupted\n"
+            "from rackSim.cli import plan; plan()")
+    run = subprocess.run([sys.executable, "-c", code, "plan=agentx_reference",
+                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 130, run.stderr
+    assert run.stderr.strip() == (
+        f"racksim-plan: interrupted; no plan written. To go on, run the same command with "
+        f"hydra.run.dir={tmp_path}: candidates already simulated are not simulated again")
+    assert not (tmp_path / "plan.html").exists()

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import time
 
 import pandas as pd
 import pytest
-from sweep_support import AXES, run_sweep
+from sweep_support import AXES, CMD, run_sweep
 
+from rackSim.config import compose_scenario
 from rackSim.metrics.summary import SUMMARY_KEYS
 from rackSim.report.command import main as plot_main
 from rackSim.report.sweep_table import build_table, format_sweep, parse_overrides
+from rackSim.run import JOB_RECORD
 
 
 def _stamps(sweep_dir):
@@ -191,3 +196,44 @@ def test_table_from_hand_written_jobs(tmp_path):
     assert c["status"] == "failed" and "summary.json" in c["error"]
     assert table["x"].tolist() == ["1", "push", "2"]  # mixed int / str: kept as text
     table.to_parquet(tmp_path / "t.parquet")  # and it fits Parquet
+
+
+def test_ctrl_c_stops_the_sweep_and_writes_the_table_of_what_ran(tmp_path):
+    """Ctrl-C while the first of three scenarios simulates: that scenario is kept as
+    interrupted, the other two never start, the table is written and the sweep exits 130
+    saying how to go on (before, only the scenario under way stopped and the sweep ran on)."""
+    sweep_dir = tmp_path / "s"
+    p = subprocess.Popen([*CMD, "-m", f"hydra.sweep.dir={sweep_dir}", "experiment=smoke",
+                          "progress=false", "workload.replay.window_s=100000", "seed=1,2,3"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (sweep_dir / "0" / JOB_RECORD).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(2.0)  # inside the simulation or its set-up: both are an interrupted scenario
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err[-3000:]
+    assert f"racksim: sweep interrupted; to go on, run the same command with " \
+           f"hydra.sweep.dir={sweep_dir}: finished scenarios are skipped" in err
+    assert "Traceback" not in err
+    table = pd.read_csv(sweep_dir / "sweep.csv")
+    assert table["seed"].tolist() == [1] and table["status"].tolist() == ["failed"]
+    assert table["error"][0].startswith("interrupted")
+    assert not (sweep_dir / "1").exists() and not (sweep_dir / "2").exists()
+
+
+def test_a_sweep_job_records_ctrl_c_and_passes_it_on(tmp_path, monkeypatch):
+    """Ctrl-C outside the simulation loop (here: in place of the simulation) is recorded in
+    job.json as an interrupted, failed scenario (a resumed sweep runs it again) and raised."""
+    import rackSim.run as run
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "simulate_to", interrupted)
+    tree = compose_scenario(["experiment=smoke"]).model_dump(mode="json")
+    with pytest.raises(KeyboardInterrupt):
+        run.run_sweep_job(tree, tmp_path / "0", tmp_path, ["seed=1"])
+    rec = run.read_job(tmp_path / "0")
+    assert rec["status"] == "failed"
+    assert rec["error"] == "interrupted before its results were complete"
