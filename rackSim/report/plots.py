@@ -41,10 +41,13 @@ def plot_throughput(result: Result, path: Path) -> Path:
         t = ts["t_s"] / 60
         ax.stackplot(t, ts["cached"], ts["uncached"], ts["output"],
                      labels=["cached input", "uncached input", "output"], step="post")
+        ax.legend(loc="lower right")
+    else:  # a run interrupted before its window began
+        ax.text(0.5, 0.5, "no measurement window simulated", ha="center", va="center",
+                transform=ax.transAxes)
     ax.set_xlabel("time in window (min)")
     ax.set_ylabel("tokens/s per GPU")
     ax.set_title("Throughput over the measurement window")
-    ax.legend(loc="lower right")
     return save_figure(fig, path)
 
 

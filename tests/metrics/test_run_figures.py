@@ -56,3 +56,17 @@ def test_colocated_instances_when_there_is_no_decode_instance(tmp_path) -> None:
                     LatencyHistogram())
     path = plot_decode_breakdown(result, tmp_path / "b.png")
     assert path.stat().st_size > 10_000
+
+
+def test_throughput_figure_of_a_run_interrupted_in_its_warm_up(tmp_path) -> None:
+    """No window, no series: the figure says so, without matplotlib's empty-legend warning."""
+    import warnings
+
+    from rackSim.report.plots import plot_throughput
+
+    result = Result({"window_start_s": 0.0}, pd.DataFrame(), pd.DataFrame(), pd.DataFrame(),
+                    LatencyHistogram())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = plot_throughput(result, tmp_path / "t.png")
+    assert path.stat().st_size > 5_000
