@@ -125,31 +125,34 @@ def plan() -> None:
         sys.exit(EXIT_INTERRUPTED)
 
 
-def calibrate() -> None:
-    from rackSim.calibrate.command import main
+def _exit_with(module: str, command: str) -> None:
+    """Run `module.main()` and exit with its code; Ctrl-C that the command does not handle
+    itself (long ones keep what they did and say so) ends in one line and 130."""
+    import importlib
 
-    sys.exit(main())
+    try:
+        code = importlib.import_module(module).main()
+    except KeyboardInterrupt:
+        print(f"{command}: interrupted", file=sys.stderr)
+        code = EXIT_INTERRUPTED
+    sys.exit(code)
+
+
+def calibrate() -> None:
+    _exit_with("rackSim.calibrate.command", "racksim-calibrate")
 
 
 def validate() -> None:
-    from rackSim.validate.command import main
-
-    sys.exit(main())
+    _exit_with("rackSim.validate.command", "racksim-validate")
 
 
 def workload() -> None:
-    from rackSim.workload.command import main
-
-    sys.exit(main())
+    _exit_with("rackSim.workload.command", "racksim-workload")
 
 
 def plot() -> None:
-    from rackSim.report.command import main
-
-    sys.exit(main())
+    _exit_with("rackSim.report.command", "racksim-plot")
 
 
 def fidelity() -> None:
-    from rackSim.calibrate.fidelity import main
-
-    sys.exit(main())
+    _exit_with("rackSim.calibrate.fidelity", "racksim-fidelity")

@@ -280,8 +280,6 @@ def fit_main(argv: list[str]) -> int:
         return err.exit_code
     out = args.out or args.pool.with_name(args.pool.stem + "_fit")
     out.mkdir(parents=True, exist_ok=True)
-    path = args.yaml or out / f"fitted_{args.pool.stem}.yaml"
-    rep.write_workload_yaml(fit, args.pool.name, w.get("replay") or {}, path, args.confidence)
     params = pd.DataFrame([vars(p) for p in fit.params])
     params.to_csv(out / "fit_params.csv", index=False)
     generated = rep.generated_pool(fit, args.seed)
@@ -293,6 +291,9 @@ def fit_main(argv: list[str]) -> int:
     if not args.no_plot:
         rep.plot_qq(fit, generated, base, gof, out / "qq.png")
         rep.plot_curves(reuse, growth, out / "curves.png")
+    # the fitted workload last: a fit interrupted before it is complete leaves none
+    path = args.yaml or out / f"fitted_{args.pool.stem}.yaml"
+    rep.write_workload_yaml(fit, args.pool.name, w.get("replay") or {}, path, args.confidence)
     with pd.option_context("display.width", 120, "display.float_format", "{:.4g}".format):
         print(params.to_string(index=False))
         print(gof.to_string(index=False))

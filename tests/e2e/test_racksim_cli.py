@@ -160,3 +160,28 @@ def test_ctrl_c_while_writing_marks_the_directory_partial(tmp_path):
     assert p.returncode == 130 and "Traceback" not in p.stderr, p.stderr
     marker = (tmp_path / "run" / "PARTIAL").read_text()
     assert "interrupted while its results were being written" in marker
+
+
+@pytest.mark.parametrize("entry, module, command", [
+    ("calibrate", "rackSim.calibrate.command", "racksim-calibrate"),
+    ("validate", "rackSim.validate.command", "racksim-validate"),
+    ("workload", "rackSim.workload.command", "racksim-workload"),
+    ("plot", "rackSim.report.command", "racksim-plot"),
+    ("fidelity", "rackSim.calibrate.fidelity", "racksim-fidelity"),
+])
+def test_ctrl_c_in_the_other_commands_is_one_line_and_130(entry, module, command, monkeypatch,
+                                                          capsys):
+    """A Ctrl-C the command does not handle itself (long ones keep what they did and say
+    so): one line, exit 130, no traceback."""
+    import importlib
+
+    from rackSim import cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib.import_module(module), "main", interrupted)
+    with pytest.raises(SystemExit) as ended:
+        getattr(cli, entry)()
+    assert ended.value.code == 130
+    assert capsys.readouterr().err == f"{command}: interrupted\n"

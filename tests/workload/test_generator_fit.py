@@ -122,6 +122,21 @@ def test_command_writes_yaml_params_and_report(pool, tmp_path, capsys):
     assert (out / "qq.png").stat().st_size > 10_000 and (out / "curves.png").exists()
 
 
+def test_command_interrupted_leaves_no_fitted_workload(pool, tmp_path, monkeypatch):
+    """Ctrl-C while the report is drawn: the report's tables so far stay, the fitted workload
+    YAML (the result) is written only once everything before it is."""
+    from rackSim.workload import fit_report
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fit_report, "plot_curves", interrupted)
+    out = tmp_path / "report"
+    with pytest.raises(KeyboardInterrupt):
+        main(["fit", str(pool), "--out", str(out)])
+    assert (out / "fit_params.csv").exists() and not (out / "fitted_team.yaml").exists()
+
+
 def test_command_bad_input(pool, tmp_path, capsys):
     broken = tmp_path / "broken.jsonl"
     lines = pool.read_text().splitlines()
