@@ -596,7 +596,8 @@ class RunConfig(StrictModel):
         if self.perf.weight_dtype not in hw.flops:
             raise ValueError(
                 f"perf.weight_dtype '{self.perf.weight_dtype}' not in hardware.flops "
-                f"{sorted(hw.flops)}")
+                f"{sorted(hw.flops)} ({hw.name} has no {self.perf.weight_dtype} tensor "
+                f"cores); set perf.weight_dtype to one of them, or pick other hardware")
         ax = self.workload.agentx
         if ax is not None and ax.context_window > m.context_window:
             raise ValueError(

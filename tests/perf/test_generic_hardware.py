@@ -50,5 +50,6 @@ def test_bad_hardware_is_refused_naming_the_field(change: dict, expect: list[str
 
 
 def test_a_dtype_the_gpu_lacks_is_refused_before_running() -> None:
-    with pytest.raises(ConfigError, match=r"perf.weight_dtype 'fp4' not in hardware.flops"):
+    with pytest.raises(ConfigError, match=r"perf.weight_dtype 'fp4' not in hardware.flops .* "
+                                          r"no fp4 tensor cores\); set perf.weight_dtype"):
         compose_scenario(["experiment=smoke", "hardware=h200_hgx"])
