@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -119,19 +120,17 @@ def run_confirmation(ids: Sequence[str], plan: PlanSpec, out_dir: Path,
 
 
 def _run_sweep(cmd: Sequence[str]) -> int:
-    """Run the sweep; its exit code. On Ctrl-C the sweep is let finish its own interrupt
-    (it keeps what it simulated and writes its table; a terminal's Ctrl-C reaches it too, a
-    signal to this process alone is passed on after a second) before KeyboardInterrupt
-    goes on."""
-    sweep = subprocess.Popen(cmd, stdout=sys.stderr)
+    """Run the sweep; its exit code. On Ctrl-C the sweep gets one SIGINT and is let finish
+    its own interrupt (it keeps what it simulated and writes its table) before
+    KeyboardInterrupt goes on. It runs in a process group of its own, so that one SIGINT is
+    this one whether Ctrl-C came from a terminal (which signals only this process's group)
+    or to this process alone: a second one could land while the sweep writes its table."""
+    sweep = subprocess.Popen(cmd, stdout=sys.stderr, process_group=0)
     try:
         return sweep.wait()
     except KeyboardInterrupt:
-        try:
-            sweep.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            sweep.send_signal(signal.SIGINT)
-            sweep.wait()
+        os.killpg(sweep.pid, signal.SIGINT)  # the sweep and its launcher's workers
+        sweep.wait()
         raise
 
 

@@ -155,9 +155,10 @@ def test_simulation_verdicts_name_the_missed_slo(small_inputs):
 
 
 def test_ctrl_c_lets_the_confirmation_sweep_keep_what_it_ran(tmp_path):
-    """Ctrl-C reaching racksim-plan alone, while its confirmation sweep runs: the sweep gets
-    the signal and is let end on its own (its handler here writes a file, as the real one
-    writes its table) before the interrupt goes on; it is not killed."""
+    """Ctrl-C while the confirmation sweep runs (in a process group of its own, which a
+    terminal's Ctrl-C does not reach): the sweep gets the signal from the plan and is let end
+    on its own (its handler here writes a file, as the real one writes its table) before the
+    interrupt goes on; it is not killed."""
     kept = tmp_path / "kept"
     sweep = ("import pathlib, signal, sys, time\n"
              "def stop(*_):\n"
