@@ -185,3 +185,10 @@ def test_ctrl_c_in_the_other_commands_is_one_line_and_130(entry, module, command
         getattr(cli, entry)()
     assert ended.value.code == 130
     assert capsys.readouterr().err == f"{command}: interrupted\n"
+
+
+def test_help_names_the_command_and_its_groups():
+    p = subprocess.run([*CMD, "--help"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("racksim simulates LLM serving on GPU racks")
+    assert "hardware: b200_hgx, b300_hgx, gb200_nvl72, gb300_nvl72, h200_hgx" in p.stdout
