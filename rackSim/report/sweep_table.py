@@ -85,7 +85,8 @@ def build_table(sweep_dir: Path | str) -> pd.DataFrame:
     sweep_dir = Path(sweep_dir)
     rows = _rows(sweep_dir)
     if not rows:
-        raise FileNotFoundError(f"no sweep jobs ({JOB_RECORD}) under {sweep_dir}")
+        raise FileNotFoundError(f"no sweep jobs ({JOB_RECORD}) under {sweep_dir}"
+                                + _single_run(sweep_dir))
     keys: list[str] = []
     for rec, _, _ in rows:
         keys += [k for k in parse_overrides(rec["overrides"]) if k not in keys]
@@ -106,6 +107,15 @@ def build_table(sweep_dir: Path | str) -> pd.DataFrame:
     for c in df.columns:
         df[c] = _uniform(df[c])
     return df.sort_values("job_dir", key=_job_order).reset_index(drop=True)
+
+
+def _single_run(path: Path) -> str:
+    """The hint for a single run's directory given where a sweep's is expected, else ''."""
+    if (path / "summary.json").is_file() and not (path / JOB_RECORD).is_file():
+        return ("; it is a single run's directory, whose figures `racksim` draws itself "
+                "(throughput.png, latency.png, decode_breakdown.png): give a sweep's "
+                "directory (`racksim -m ...`)")
+    return ""
 
 
 def _job_order(col: pd.Series) -> pd.Series:
@@ -130,8 +140,8 @@ def read_table(path: Path | str) -> tuple[pd.DataFrame, Path]:
             if (path / name).is_file():
                 return read_table(path / name)
         raise FileNotFoundError(
-            f"no sweep table ({TABLE_PARQUET} or {TABLE_CSV}) in {path}; "
-            f"build it with `racksim-plot table {path}`")
+            f"no sweep table ({TABLE_PARQUET} or {TABLE_CSV}) in {path}"
+            + (_single_run(path) or f"; build it with `racksim-plot table {path}`"))
     if not path.is_file():
         raise FileNotFoundError(f"no such sweep table or directory: {path}")
     df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)

@@ -237,3 +237,14 @@ def test_a_sweep_job_records_ctrl_c_and_passes_it_on(tmp_path, monkeypatch):
     rec = run.read_job(tmp_path / "0")
     assert rec["status"] == "failed"
     assert rec["error"] == "interrupted before its results were complete"
+
+
+def test_a_single_runs_directory_is_named_as_such(tmp_path, capsys):
+    """racksim-plot on a `racksim` run's directory: said to be a single run, whose figures
+    racksim draws itself (it pointed to `racksim-plot table`, which then found no jobs)."""
+    (tmp_path / "summary.json").write_text("{}")
+    for command in ("plots", "table"):
+        assert plot_main([command, str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert f"{tmp_path}; it is a single run's directory, whose figures `racksim` draws " \
+               "itself" in err and "racksim-plot table" not in err
