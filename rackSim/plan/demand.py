@@ -79,8 +79,8 @@ def profile_demand(graphs: Sequence[SessionGraph], accepted_tokens_per_step: flo
     output = tab["output"].to_numpy(dtype=float)
     steps = np.array([decode_steps(int(o), accepted_tokens_per_step) for o in output])
     unc_mean, unc_sq, unc_p90 = [], [], []
-    for per_agent in CACHE_PER_AGENT_TOKENS:
-        hits = prefix_hits(graphs, tab, per_agent * max(lanes, 1))
+    caps = [per_agent * max(lanes, 1) for per_agent in CACHE_PER_AGENT_TOKENS]
+    for hits in prefix_hits(graphs, tab, caps):
         unc = prompt - hits
         unc_mean.append(unc.mean())
         unc_sq.append((unc ** 2).mean())

@@ -70,19 +70,24 @@ def timeline(graphs: Sequence[SessionGraph], timing: NominalTiming = NominalTimi
 
 
 def prefix_hits(graphs: Sequence[SessionGraph], table: pd.DataFrame,
-                capacity_tokens: float | None) -> np.ndarray:
-    """Cached prompt tokens per row of `table` (send order) through one LRU prefix cache."""
-    cap = None if capacity_tokens is None else int(capacity_tokens // BLOCK_TOKENS)
-    cache = BlockLruCache(cap)
+                capacities_tokens: Sequence[float | None]) -> list[np.ndarray]:
+    """Cached prompt tokens per row of `table`, requests in send order through one LRU
+    prefix cache of each capacity (tokens; None = infinite); the prompts' block paths are
+    built once for all capacities."""
     insts = [SessionInstance(g, key_base=(j + 1) << 20) for j, g in enumerate(graphs)]
-    hits = np.zeros(len(table), dtype=np.int64)
     order = np.lexsort((table["rid"].to_numpy(), table["session"].to_numpy(),
                         table["send_s"].to_numpy()))
     sess, rid, prompt = (table[c].to_numpy() for c in ("session", "rid", "prompt"))
-    for i in order:
-        path = insts[sess[i]].prompt_path(int(rid[i]))
-        hits[i] = cache.access(path, (int(prompt[i]) - 1) // BLOCK_TOKENS) * BLOCK_TOKENS
-    return hits
+    paths = [insts[sess[i]].prompt_path(int(rid[i])) for i in order]
+    most = [(int(prompt[i]) - 1) // BLOCK_TOKENS for i in order]  # the last block recomputes
+    out = []
+    for capacity in capacities_tokens:
+        access = BlockLruCache(None if capacity is None
+                               else int(capacity // BLOCK_TOKENS)).access
+        hits = np.zeros(len(table), dtype=np.int64)
+        hits[order] = [access(p, m) for p, m in zip(paths, most, strict=True)]
+        out.append(hits * BLOCK_TOKENS)
+    return out
 
 
 def inflight(table: pd.DataFrame) -> pd.DataFrame:
@@ -150,8 +155,8 @@ def reuse_curve(graphs: Sequence[SessionGraph], capacities_tokens: Sequence[floa
     total = tab["prompt"].sum()
     return pd.DataFrame({"capacity_tokens": [np.inf if c is None else c
                                              for c in capacities_tokens],
-                         "reuse": [prefix_hits(graphs, tab, c).sum() / total
-                                   for c in capacities_tokens]})
+                         "reuse": [h.sum() / total
+                                   for h in prefix_hits(graphs, tab, capacities_tokens)]})
 
 
 def describe(graphs: Sequence[SessionGraph], timing: NominalTiming = NominalTiming(),
@@ -160,9 +165,10 @@ def describe(graphs: Sequence[SessionGraph], timing: NominalTiming = NominalTimi
     if not graphs:
         raise ValueError("empty workload")
     tab = timeline(graphs, timing)
-    tab["cached_inf"] = prefix_hits(graphs, tab, None)
-    for cap in cache_tokens:
-        tab[f"cached_{int(cap)}"] = prefix_hits(graphs, tab, cap)
+    hits = prefix_hits(graphs, tab, [None, *cache_tokens])
+    tab["cached_inf"] = hits[0]
+    for cap, h in zip(cache_tokens, hits[1:], strict=True):
+        tab[f"cached_{int(cap)}"] = h
     flight = inflight(tab)
     dt = np.diff(flight["t_s"].to_numpy())
     span = flight["t_s"].iloc[-1] - flight["t_s"].iloc[0]
