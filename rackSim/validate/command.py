@@ -114,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="warm-up requests per lane (default: the workload's)")
     r.add_argument("--sessions", type=positive_int, default=None,
                    help="sessions to generate (default: the workload's)")
-    r.add_argument("--seed", type=int, default=0, help="session generation and token ids")
+    r.add_argument("--seed", type=count, default=0, help="session generation and token ids")
     r.add_argument("--model", default=None, help="served model name (default: the first)")
     r.add_argument("--max-errors", type=count, default=10,
                    help="failed requests tolerated before the run stops (0: stop at first)")

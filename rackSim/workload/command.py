@@ -27,6 +27,7 @@ from rackSim.config.errors import (
     read_yaml_mapping,
 )
 from rackSim.config.flags import (
+    count,
     nonnegative_float,
     output_dir,
     output_file,
@@ -56,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sessions", type=positive_int,
                    help="sessions to generate (generators; default: the AgentX spec's own, "
                         "or the scenario's num_sessions)")
-    p.add_argument("--seed", type=int, default=0, help="generator / jitter seed (default 0)")
+    p.add_argument("--seed", type=count, default=0, help="generator / jitter seed (default 0)")
     p.add_argument("--jitter-s", type=nonnegative_float,
                    help="Mooncake arrival jitter (default: auto)")
     p.add_argument("--speedup", type=positive_float, default=1.0,
@@ -243,7 +244,7 @@ def _fit_parser() -> argparse.ArgumentParser:
                         "whose agentx values stand where the pool cannot fit them and whose "
                         "replay policy is kept (default: agentx)")
     p.add_argument("--confidence", type=float, default=0.95, help="CI level (default 0.95)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the comparison sessions")
+    p.add_argument("--seed", type=count, default=0, help="seed of the comparison sessions")
     p.add_argument("--no-plot", action="store_true", help="skip the PNGs")
     return p
 

@@ -173,6 +173,7 @@ def test_racksim_workload_describe_names_the_flag_and_file(tmp_path, capsys, arg
     ("--speedup", "0", "0 must be above 0"), ("--concurrency", "-1", "-1 must be above 0"),
     ("--tpot-s", "-0.1", "-0.1 must be at least 0"), ("--ttft-s", "x", "'x' is not a number"),
     ("--sessions", "1.5", "'1.5' is not a whole number"),
+    ("--seed", "-1", "-1 must be at least 0"),  # was numpy's traceback
 ])
 def test_racksim_workload_describe_refuses_bad_numbers(capsys, flag, value, says):
     from rackSim.workload.command import main

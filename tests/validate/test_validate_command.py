@@ -124,6 +124,8 @@ def test_serve_refuses_a_model_that_is_neither_a_preset_nor_a_config(tmp_path, c
      "argument --max-requests: 0 must be above 0"),
     (["run", "--out", "o", "--endpoint", "http://x", "--window-s", "nan"],
      "argument --window-s: nan must be above 0"),
+    (["run", "--out", "o", "--endpoint", "http://x", "--seed", "-1"],
+     "argument --seed: -1 must be at least 0"),
     (["serve", "--max-num-seqs", "0"], "argument --max-num-seqs: 0 must be above 0"),
     (["fit", "--run", "r", "--log-start", "-1"], "argument --log-start: -1 must be at least 0"),
     (["grid", "--out", "g", "--concurrency", "4", "x"], "argument --concurrency: 'x' is not a"),

@@ -147,6 +147,10 @@ def test_command_bad_input(pool, tmp_path, capsys):
     assert "broken.jsonl:1: field 'requests'" in capsys.readouterr().err
     assert main(["fit", str(pool), "--confidence", "1.5"]) == 2  # a flag
     assert "pick a level in (0, 1)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as ended:  # was numpy's traceback, after the fit's tables
+        main(["fit", str(pool), "--seed", "-1", "--out", str(tmp_path / "s")])
+    assert ended.value.code == 2 and not (tmp_path / "s").exists()
+    assert "argument --seed: -1 must be at least 0" in capsys.readouterr().err
     assert main(["fit", str(pool), "--base", str(tmp_path / "none.yaml")]) == 4
     assert capsys.readouterr().err.startswith(
         f"racksim-workload fit: --base {tmp_path / 'none.yaml'}: no such file or workload "
