@@ -23,6 +23,7 @@ from rackSim.config.specs import RunConfig
 from rackSim.engine.client import AgentClients, TraceClients
 from rackSim.engine.fleet import build_fleet
 from rackSim.engine.fleet_router import FleetRouter
+from rackSim.engine.progress import RunProgress
 from rackSim.engine.request import Job
 from rackSim.metrics.histogram import LatencyHistogram
 from rackSim.metrics.records import RequestLog, RequestRecord, StepLog
@@ -166,7 +167,9 @@ class Simulation:
         env = self.env
         t0 = time.perf_counter()
         self.clients.start()
-        bar = _progress_bar(progress, replay.window_s + replay.drain_s)
+        bar = RunProgress(self.phases, replay.window_s + replay.drain_s) if progress else None
+        if bar is not None:
+            bar.update(env.now)
         partial = False
         # A run allocates millions of short-lived objects (events, jobs) that reference
         # counting frees, and keeps every request record and step row. The automatic cyclic
@@ -186,6 +189,8 @@ class Simulation:
                             f"({sum(r.phase != 'primer' for r in self.records)} requests sent); "
                             "lower workload.replay.warmup_requests_per_lane or concurrency")
                     env.run(until=env.now + CHUNK_S)
+                    if bar is not None:
+                        bar.update(env.now)
                     continue
                 end = ws + replay.window_s + replay.drain_s
                 if env.now >= end or (env.now >= ws + replay.window_s
@@ -193,7 +198,7 @@ class Simulation:
                     break
                 env.run(until=min(end, env.now + CHUNK_S))
                 if bar is not None:
-                    bar.update(min(env.now - ws, replay.window_s + replay.drain_s) - bar.n)
+                    bar.update(env.now)
         except KeyboardInterrupt:  # not on the main thread: Ctrl-C arrives as an exception
             partial = True
         finally:
@@ -243,13 +248,3 @@ class _CtrlC:
         if self._installed:
             signal.signal(signal.SIGINT, self._previous)
             self._installed = False
-
-
-def _progress_bar(enabled: bool, total_s: float):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total_s, unit="sim s", desc="window", dynamic_ncols=True,
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} sim s "
-                           "[{elapsed}<{remaining}]")

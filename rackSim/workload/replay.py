@@ -98,6 +98,10 @@ class OpenLoopPhases(_Phases):
     def phase_of_send(self, lane: int, now_s: float) -> str:
         return self.phase_at(now_s)
 
+    def warmup_progress(self, now_s: float) -> tuple[float, float, str]:
+        """(done, total, unit) of the warm-up: simulated seconds of `warmup_s`."""
+        return min(now_s, self.spec.warmup_s), self.spec.warmup_s, "sim s"
+
     def note_done(self, lane: int, now_s: float) -> bool:
         return False
 
@@ -146,6 +150,10 @@ class ClosedLoopReplay(_Phases):
     def next(self, lane: int) -> SessionInstance:
         """The lane's next session (from its first turn)."""
         return self._instance(lane)
+
+    def warmup_progress(self, now_s: float) -> tuple[float, float, str]:
+        """(done, total, unit) of the warm-up: lanes that have finished theirs."""
+        return self.lanes - self._warm_left, self.lanes, "lanes"
 
     def phase_of_send(self, lane: int, now_s: float) -> str:
         """Phase of a request the lane sends now; counts it toward the lane's warm-up."""

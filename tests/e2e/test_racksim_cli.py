@@ -105,7 +105,7 @@ def test_ctrl_c_writes_partial_results(tmp_path):
                              stdout=subprocess.DEVNULL, stderr=err_file, text=True)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and p.poll() is None:
-            if "sim s" in err_path.read_text():  # the window's progress bar is up
+            if "window:" in err_path.read_text():  # the window's progress bar is up
                 break
             time.sleep(0.2)
         time.sleep(1.0)
