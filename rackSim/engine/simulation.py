@@ -167,10 +167,10 @@ class Simulation:
         env = self.env
         t0 = time.perf_counter()
         self.clients.start()
-        bar = RunProgress(self.phases, replay.window_s + replay.drain_s) if progress else None
+        bar = RunProgress(self.phases, replay.window_s, replay.drain_s) if progress else None
         if bar is not None:
             bar.update(env.now)
-        partial = False
+        partial = ended = False
         # A run allocates millions of short-lived objects (events, jobs) that reference
         # counting frees, and keeps every request record and step row. The automatic cyclic
         # collector would rescan that growing heap (9% of a 16-minute reference run) to find
@@ -195,6 +195,7 @@ class Simulation:
                 end = ws + replay.window_s + replay.drain_s
                 if env.now >= end or (env.now >= ws + replay.window_s
                                       and self.clients.in_flight == 0):
+                    ended = True
                     break
                 env.run(until=min(end, env.now + CHUNK_S))
                 if bar is not None:
@@ -206,7 +207,7 @@ class Simulation:
             if gc_enabled:
                 gc.enable()
             if bar is not None:
-                bar.close()
+                bar.close(ended)
         partial = partial or ctrl_c.pressed
         self.clients.stopped = True
         ws = self.phases.window_start_s

@@ -1,4 +1,5 @@
-"""A run's progress bars: the warm-up counts what ends it, the window starts at 0 when it opens."""
+"""A run's progress bars: the warm-up counts what ends it; the window, then the drain, start at 0
+when the window opens."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from rackSim.workload.sources import load_sessions
 def _lines(err: str) -> list[tuple[str, float, float, str]]:
     """(bar, done, total, unit) of every refresh tqdm wrote."""
     return [(m[1], float(m[2]), float(m[3]), m[4]) for m in
-            re.finditer(r"(warm-up|window):.*?\| (-?[\d.]+)/([\d.]+) (sim s|lanes)", err)]
+            re.finditer(r"(warm-up|window|drain):.*?\| (-?[\d.]+)/([\d.]+) (sim s|lanes)", err)]
 
 
 def test_an_open_loop_warm_up_counts_its_seconds_and_the_window_starts_at_zero(
@@ -24,20 +25,37 @@ def test_an_open_loop_warm_up_counts_its_seconds_and_the_window_starts_at_zero(
     replay = compose_scenario(["experiment=smoke", "workload=mooncake_conversation",
                                "workload.replay.warmup_s=60"]).workload.replay
     phases = OpenLoopPhases(replay)
-    bar = RunProgress(phases, 900.0)
-    for now in (0.0, 20.0, 40.0, 60.0, 65.0, 900.0, 960.0):
+    bar = RunProgress(phases, 600.0, 300.0)
+    for now in (0.0, 20.0, 40.0, 60.0, 65.0, 600.0, 700.0, 960.0, 1000.0):
         bar.update(now)
-    bar.close()
+    bar.close(ended=True)
     err = capsys.readouterr().err
     assert "clamping" not in err
     seen = _lines(err)
     warm = [x for x in seen if x[0] == "warm-up"]
     window = [x for x in seen if x[0] == "window"]
-    assert warm and window and seen.index(warm[-1]) < seen.index(window[0])
+    drain = [x for x in seen if x[0] == "drain"]
+    assert warm and window and drain
+    assert seen.index(warm[-1]) < seen.index(window[0]) and seen.index(window[-1]) < seen.index(
+        drain[0])
     assert all(x[2:] == (60.0, "sim s") and 0 <= x[1] <= 60 for x in warm)
     assert warm[-1][1] == 60.0  # the warm-up's bar ends full
-    assert all(x[2:] == (900.0, "sim s") and 0 <= x[1] <= 900 for x in window)
-    assert window[0][1] == 0.0 and window[-1][1] == 900.0  # capped at window + drain
+    assert all(x[2:] == (900.0, "sim s") and 0 <= x[1] <= 600 for x in window)
+    assert window[0][1] == 0.0
+    assert all(x[2:] == (900.0, "sim s") and 600 < x[1] <= 900 for x in drain)
+    assert drain[-1][1] == 900.0  # capped at window + drain
+
+
+def test_a_drain_that_ends_early_shows_complete_and_an_interrupted_one_does_not(capsys):
+    """The run ends when nothing is left in flight after the window: the bar then reads the
+    simulated time it took as complete. An interrupted (or failed) run keeps what it reached."""
+    phases = OpenLoopPhases(compose_scenario(["experiment=smoke", "workload=mooncake_conversation",
+                                              "workload.replay.warmup_s=0"]).workload.replay)
+    for ended, final in ((True, (650.0, 650.0)), (False, (650.0, 900.0))):
+        bar = RunProgress(phases, 600.0, 300.0)
+        bar.update(650.0)
+        bar.close(ended)
+        assert _lines(capsys.readouterr().err)[-1] == ("drain", *final, "sim s")
 
 
 def test_a_closed_loop_run_counts_its_warm_lanes_then_the_window(smoke_cfg, capsys):
@@ -52,7 +70,7 @@ def test_a_closed_loop_run_counts_its_warm_lanes_then_the_window(smoke_cfg, caps
     assert warm[0] == ("warm-up", 0.0, lanes, "lanes") and warm[-1][1] == lanes
     assert [x[1] for x in warm] == sorted(x[1] for x in warm)
     assert seen.index(warm[-1]) < seen.index(window[0]) and window[0][1] == 0.0
-    assert window[-1][1] == smoke_cfg.workload.replay.window_s
+    assert seen[-1] == ("window", *(2 * [smoke_cfg.workload.replay.window_s]), "sim s")
 
 
 def test_a_run_without_warm_up_shows_the_window_only(capsys):
