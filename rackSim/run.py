@@ -24,7 +24,7 @@ from rackSim.config.specs import DeploymentSpec, RunConfig
 from rackSim.engine.simulation import Simulation
 from rackSim.metrics.summary import FleetLayout, Result, summarize, window_mask
 from rackSim.perf.step import COMPONENTS
-from rackSim.report.files import PARTIAL_MARKER, write_result
+from rackSim.report.files import PARTIAL_MARKER, SCENARIO_FILE, clear_run_files, write_result
 from rackSim.workload.graph import SessionGraph
 from rackSim.workload.sources import load_sessions
 
@@ -96,7 +96,8 @@ def simulate_to(cfg: RunConfig, out_dir: Path, plots: bool = True,
     result = simulate(cfg, progress=progress)
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        (out_dir / "scenario.json").write_text(cfg.model_dump_json(indent=2))
+        clear_run_files(out_dir)
+        (out_dir / SCENARIO_FILE).write_text(cfg.model_dump_json(indent=2))
         write_result(result, out_dir)
         if plots:
             from rackSim.report.plots import plot_run

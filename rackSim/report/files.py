@@ -11,6 +11,13 @@ import pandas as pd
 from rackSim.metrics.summary import Result
 
 PARTIAL_MARKER = "PARTIAL"
+SCENARIO_FILE = "scenario.json"
+TABLE_FILES = {"summary": "summary.json", "requests": "requests.parquet",
+               "steps": "steps.parquet", "timeseries": "throughput_timeseries.csv",
+               "itl_histogram": "itl_histogram.csv", "racks": "racks.csv",
+               "instances": "instances.csv"}
+FIGURE_FILES = {"throughput": "throughput.png", "latency": "latency.png",
+                "decode_breakdown": "decode_breakdown.png"}
 
 
 def _jsonable(v):
@@ -28,13 +35,8 @@ def write_result(result: Result, out: Path) -> dict[str, Path]:
     `"partial": true` and a PARTIAL marker file sits beside it.
     """
     out.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "summary": out / "summary.json",
-        "requests": out / "requests.parquet",
-        "steps": out / "steps.parquet",
-        "timeseries": out / "throughput_timeseries.csv",
-        "itl_histogram": out / "itl_histogram.csv",
-    }
+    paths = {k: out / TABLE_FILES[k]
+             for k in ("summary", "requests", "steps", "timeseries", "itl_histogram")}
     summary = {k: _jsonable(v) for k, v in result.summary.items()}
     paths["summary"].write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     result.requests.to_parquet(paths["requests"], index=False)
@@ -47,7 +49,7 @@ def write_result(result: Result, out: Path) -> dict[str, Path]:
     for name in ("racks", "instances"):  # simulated fleets: per rack and per instance
         table = getattr(result, name)
         if len(table):
-            paths[name] = out / f"{name}.csv"
+            paths[name] = out / TABLE_FILES[name]
             table.to_csv(paths[name], index=False)
     marker = out / PARTIAL_MARKER
     if result.summary.get("partial"):
@@ -56,3 +58,11 @@ def write_result(result: Result, out: Path) -> dict[str, Path]:
     elif marker.exists():
         marker.unlink()
     return paths
+
+
+def clear_run_files(out: Path) -> None:
+    """Remove what an earlier run wrote into `out` (its tables, figures, scenario and marker),
+    so that a run into the same directory leaves none of them beside its own: a run with
+    `plots=false` would otherwise sit beside the figures of the last one. Other files stay."""
+    for name in (*TABLE_FILES.values(), *FIGURE_FILES.values(), SCENARIO_FILE, PARTIAL_MARKER):
+        (out / name).unlink(missing_ok=True)

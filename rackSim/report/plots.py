@@ -15,6 +15,7 @@ import pandas as pd  # noqa: E402
 
 from rackSim.metrics.summary import Result, window_steps  # noqa: E402
 from rackSim.perf.step import COMPONENTS  # noqa: E402
+from rackSim.report.files import FIGURE_FILES  # noqa: E402
 
 PERCENTILE_STYLES = ((50, "-"), (90, "--"), (99, ":"))
 
@@ -134,6 +135,6 @@ def plot_decode_breakdown(result: Result, path: Path) -> Path:
 
 def plot_run(result: Result, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    return [plot_throughput(result, out / "throughput.png"),
-            plot_latency(result, out / "latency.png"),
-            plot_decode_breakdown(result, out / "decode_breakdown.png")]
+    return [plot_throughput(result, out / FIGURE_FILES["throughput"]),
+            plot_latency(result, out / FIGURE_FILES["latency"]),
+            plot_decode_breakdown(result, out / FIGURE_FILES["decode_breakdown"])]

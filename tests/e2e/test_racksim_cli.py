@@ -13,7 +13,7 @@ import pytest
 
 from rackSim.config import compose_scenario, with_changes
 from rackSim.metrics.records import REQUEST_COLUMNS, STEP_COLUMNS
-from rackSim.run import simulate
+from rackSim.run import simulate, simulate_to
 
 CMD = [sys.executable, "-c", "from rackSim.cli import run; run()"]
 
@@ -132,6 +132,21 @@ def test_plots_false_writes_the_tables_and_no_figure(tmp_path):
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "summary.json").is_file() and (tmp_path / "steps.parquet").is_file()
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_a_run_into_a_used_directory_leaves_nothing_of_the_last_run(tmp_path, smoke_cfg):
+    """The same hydra.run.dir twice: the second run (plots=false, another seed) leaves no
+    figure, table or PARTIAL marker of the first beside its own; other files stay."""
+    cfg = with_changes(smoke_cfg, workload={"replay": {"window_s": 10}})
+    simulate_to(cfg, tmp_path, plots=True)
+    (tmp_path / "PARTIAL").write_text("an earlier interrupted run\n")
+    (tmp_path / "notes.txt").write_text("mine\n")
+    second = simulate_to(with_changes(cfg, seed=1), tmp_path, plots=False)
+    assert not list(tmp_path.glob("*.png")) and not (tmp_path / "PARTIAL").exists()
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["requests_finished"] == second.summary["requests_finished"]
+    assert json.loads((tmp_path / "scenario.json").read_text())["seed"] == 1
 
 
 def _interrupted_run(tmp_path, patch: str) -> subprocess.CompletedProcess:
