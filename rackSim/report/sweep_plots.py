@@ -100,7 +100,8 @@ def plot_pareto(table: pd.DataFrame, path: Path) -> Path:
     if not ok.empty:
         x, y = ok[X].to_numpy(float), ok[Y].to_numpy(float)
         front = pareto_front(x, y)
-        ax.scatter(x[~front], y[~front], color="tab:gray", label="dominated")
+        if not front.all():  # no legend entry for points that are not there
+            ax.scatter(x[~front], y[~front], color="tab:gray", label="dominated")
         order = np.argsort(x[front])
         ax.plot(x[front][order], y[front][order], "o-", color="tab:red", label="Pareto frontier")
         labelled = np.ones(len(ok), bool) if len(ok) <= MAX_LABELLED else front

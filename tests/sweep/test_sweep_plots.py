@@ -56,6 +56,28 @@ def test_frontier_of_the_sweep(joblib_sweep):
     assert point_labels(ok)[0] == f"{first['layout']} c={first['workload.replay.concurrency']}"
 
 
+def test_the_pareto_legend_names_only_what_is_drawn(monkeypatch, tmp_path):
+    """Six scenarios all on the frontier: no 'dominated' entry (there was one, with no
+    points); one dominated point brings it back."""
+    import rackSim.report.sweep_plots as sweep_plots
+
+    legends = []
+
+    def keep_legend(fig, path):
+        legends.append([t.get_text() for t in fig.axes[0].get_legend().get_texts()])
+        sweep_plots.plt.close(fig)
+        return path
+
+    monkeypatch.setattr(sweep_plots, "save_figure", keep_legend)
+    x = np.array([469.3, 473.3, 474.4, 486.2, 510.9, 536.9])
+    on_front = pd.DataFrame({"k": range(6), "status": "ok", "interactivity_tok_s": x,
+                             "throughput_tok_s_gpu": 1000 - x})
+    sweep_plots.plot_pareto(on_front, tmp_path / "a.png")
+    below = pd.concat([on_front, on_front.iloc[[0]].assign(k=6, throughput_tok_s_gpu=1.0)])
+    sweep_plots.plot_pareto(below, tmp_path / "b.png")
+    assert legends == [["Pareto frontier"], ["dominated", "Pareto frontier"]]
+
+
 def test_latency_curves_prefer_the_frontier():
     """Beyond 12 scenarios, the curves drawn are spread along the Pareto frontier."""
     x = np.arange(30, dtype=float)
