@@ -77,7 +77,12 @@ def plot_latency(result: Result, path: Path) -> Path:
         mark_percentiles(ax, h.percentile)
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        # within two decades the minor ticks are labelled too: a narrow spread (1.5-2 ms
+        # with a tail to 20) otherwise shows a single label
+        decades = math.log10(e[hi] / e[lo]) if e[lo] > 0 else math.inf
+        ax.xaxis.set_minor_formatter(
+            matplotlib.ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5))
+            if decades <= 2 else matplotlib.ticker.NullFormatter())
     ax.set_xlabel("inter-token latency (ms)")
     ax.set_ylabel("tokens")
     ax.set_title("Inter-token latency (token-weighted)")
@@ -118,7 +123,7 @@ def plot_decode_breakdown(result: Result, path: Path) -> Path:
     """Mean decode step time by component over the window, one bar per decode instance."""
     t0 = result.summary.get("window_start_s")
     title, bars = decode_breakdown_bars(result.steps, -math.inf if t0 is None else t0)
-    fig, ax = plt.subplots(figsize=(7, 2.5 + 0.35 * len(bars)))
+    fig, ax = plt.subplots(figsize=(8.5, max(3.2, 2.2 + 0.35 * len(bars))))
     if not bars.empty:
         y = np.arange(len(bars))
         left = np.zeros(len(bars))
@@ -127,7 +132,9 @@ def plot_decode_breakdown(result: Result, path: Path) -> Path:
             left += bars[c].to_numpy()
         ax.set_yticks(y, bars.index)
         ax.invert_yaxis()
-        ax.legend(ncol=5, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+        ax.set_xlim(0, 1.03 * left.max() if left.max() > 0 else 1.0)
+        # beside the bars, where it cannot cover the axis label
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_xlabel("mean step time (ms)")
     ax.set_title(title)
     return save_figure(fig, path)
