@@ -3,7 +3,8 @@
 - `pareto.png`: tokens/s/GPU against interactivity, every scenario labelled by its layout, the
   non-dominated frontier drawn through.
 - `economics.png`: revenue and margin per GPU-hour against interactivity.
-- `decode_breakdown.png`: mean decode step time by component, stacked, per DEP width.
+- `decode_breakdown.png`: mean decode step time by component, stacked, per DEP width (per
+  scenario when the sweep varies more than the width).
 - `latency.png`: TTFT (per request) and inter-token latency (token-weighted) distributions.
 """
 
@@ -169,7 +170,8 @@ def plot_breakdown_by_width(table: pd.DataFrame, path: Path) -> Path:
     ax.set_xticks(range(len(bars)), names, rotation=0 if per_width else 30,
                   ha="center" if per_width else "right", fontsize=8)
     ax.set_ylabel("mean decode step time (ms)")
-    ax.set_title("Decode step breakdown by DEP width"
+    ax.set_title("Decode step breakdown by "
+                 + ("DEP width" if per_width else "scenario")
                  + (" (mean over scenarios at each width)" if per_width and
                     ok["decode_gpus"].nunique() < len(ok) else ""))
     ax.legend(ncol=1, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))

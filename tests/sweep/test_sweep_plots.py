@@ -78,6 +78,29 @@ def test_the_pareto_legend_names_only_what_is_drawn(monkeypatch, tmp_path):
     assert legends == [["Pareto frontier"], ["dominated", "Pareto frontier"]]
 
 
+def test_the_breakdown_title_names_what_its_bars_are(monkeypatch, tmp_path):
+    """A concurrency sweep at one width draws a bar per scenario: its title said 'by DEP
+    width'. A width sweep draws a bar per width."""
+    import rackSim.report.sweep_plots as sweep_plots
+
+    titles = []
+
+    def keep_title(fig, path):
+        titles.append(fig.axes[0].get_title())
+        sweep_plots.plt.close(fig)
+        return path
+
+    monkeypatch.setattr(sweep_plots, "save_figure", keep_title)
+    table = pd.DataFrame({"k": range(4), "status": "ok", "interactivity_tok_s": 400.0,
+                          "decode_moe_ms": 1.0,
+                          "decode_sync_ms": 0.5, "workload.replay.concurrency": [50, 100, 200, 400],
+                          "decode_gpus": 32})
+    sweep_plots.plot_breakdown_by_width(table, tmp_path / "a.png")
+    sweep_plots.plot_breakdown_by_width(table.assign(decode_gpus=[4, 8, 16, 32]),
+                                        tmp_path / "b.png")
+    assert titles == ["Decode step breakdown by scenario", "Decode step breakdown by DEP width"]
+
+
 def test_latency_curves_prefer_the_frontier():
     """Beyond 12 scenarios, the curves drawn are spread along the Pareto frontier."""
     x = np.arange(30, dtype=float)
