@@ -90,4 +90,18 @@ def plot_fidelity(table: pd.DataFrame, effects: pd.DataFrame | None, path: Path)
                              gridspec_kw={"width_ratios": [1.1, 1.0]})
     _ratio_panel(axes[0], table)
     _effects_panel(axes[1], effects)
+    fig.tight_layout()
+    for ax in axes:
+        if ax.get_legend() is not None:
+            _legend_below_rows(ax)
     return save_figure(fig, path)
+
+
+def _legend_below_rows(ax: plt.Axes, pad: float = 0.02) -> None:
+    """Lower the y axis until the legend (lower right) sits below the lowest row (y = 0)
+    instead of over the markers of the last rows (it hid H2's)."""
+    ax.figure.canvas.draw()
+    share = (ax.get_legend().get_window_extent().height / ax.get_window_extent().height
+             + pad)  # of the axes' height, whatever its limits
+    top = ax.get_ylim()[1]
+    ax.set_ylim((-0.5 - share * top) / (1.0 - share), top)

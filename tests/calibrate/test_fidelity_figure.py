@@ -1,0 +1,47 @@
+"""The fidelity figure: every marker stays visible beside its legend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.collections import PathCollection
+
+import rackSim.report.fidelity_plots as fidelity_plots
+
+
+def test_no_marker_lies_under_a_legend(monkeypatch, tmp_path):
+    """The legends sit at the lower right, where the last rows are: H2 (2.4x its published
+    value, the bottom rows' largest ratio) was drawn under the figure's legend."""
+    keys = [f"D{i}" for i in range(1, 21)] + ["L2", "H1", "H2", "H3"]
+    ratios = [1.0] * 20 + [1.69, 0.10, 2.40, 0.20]
+    table = pd.DataFrame({
+        "key": keys, "published": 100.0, "predicted": 100.0 * np.array(ratios),
+        "status": ["fitted"] * 20 + ["predicted"] * 4,
+        "loo_predicted": [120.0] * 20 + [np.nan] * 4,
+        "exactly_determined": [True] * 20 + [False] * 4})
+    effects = pd.DataFrame({
+        "effect": [f"effect {i}" for i in range(12)],
+        "throughput_ratio": np.linspace(0.7, 2.3, 12)[::-1],
+        "interactivity_ratio": np.linspace(0.75, 2.2, 12),
+        "published_ratio": [np.nan] * 10 + [0.9, 0.85],
+        "agrees": ["yes", "no", "within noise", ""] * 3})
+    figures = []
+
+    def keep(fig, path):
+        fig.tight_layout()
+        fig.canvas.draw()
+        figures.append(fig)
+        return path
+
+    monkeypatch.setattr(fidelity_plots, "save_figure", keep)
+    fidelity_plots.plot_fidelity(table, effects, tmp_path / "f.png")
+    fig = figures[0]
+    for ax in fig.axes:
+        box = ax.get_legend().get_window_extent()
+        points = np.vstack([c.get_offset_transform().transform(c.get_offsets())
+                            for c in ax.collections if isinstance(c, PathCollection)])
+        assert len(points) >= len(ax.get_yticks())
+        inside = ((points[:, 0] >= box.x0) & (points[:, 0] <= box.x1)
+                  & (points[:, 1] >= box.y0) & (points[:, 1] <= box.y1))
+        assert not inside.any(), points[inside]
+    fidelity_plots.plt.close(fig)
