@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.text import OffsetFrom  # noqa: E402
 
 from rackSim.report.sweep_plots import pareto_front  # noqa: E402
 
@@ -39,12 +40,18 @@ def pareto_png(screened: pd.DataFrame, plans: pd.DataFrame, slo_interactivity: f
         ax.plot(x[f], y[f], c="tab:red", lw=1, label="Pareto frontier")
     ax.axvline(slo_interactivity, c="k", ls="--", lw=1,
                label=f"SLO: {slo_interactivity:g} tok/s/user")
+    # the plans' labels in one column, 12 points apart, from the highest plan: plans often
+    # screen within a few percent of each other, and labels offset from each star overlapped
+    if len(plans):
+        top = plans["throughput_tok_s_gpu"].to_numpy().argmax()
+        column = OffsetFrom(ax.transData, (plans["interactivity_tok_s"].iloc[top],
+                                           plans["throughput_tok_s_gpu"].iloc[top] / 1e3))
     for i, (_, p) in enumerate(plans.iterrows()):
         px, py = p["interactivity_tok_s"], p["throughput_tok_s_gpu"] / 1e3
         ax.scatter([px], [py], marker="*", s=180, c="gold", edgecolors="k", zorder=5,
                    label="plans (screen)" if i == 0 else None)
-        ax.annotate(f"{p['racks']} x {p['layout']}", (px, py), textcoords="offset points",
-                    xytext=(10, 10 + 12 * i), fontsize=8,
+        ax.annotate(f"{p['racks']} x {p['layout']}", (px, py), textcoords=column,
+                    xytext=(12, 12 + 12 * (len(plans) - 1 - i)), fontsize=8,
                     arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.4"})
         dx, dy = p.get("des_interactivity_tok_s"), p.get("des_throughput_tok_s_gpu")
         if dx is not None and dy is not None and np.isfinite(dx) and np.isfinite(dy):
