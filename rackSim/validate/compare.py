@@ -153,10 +153,12 @@ def ttft_all_mean_ms(records: Records) -> float:
 
 
 def _fmt(x: float, spec: str) -> str:
-    """x formatted with `spec`, without the sign of a value that rounds to zero."""
+    """x formatted with `spec`, without the sign of a value that rounds to zero; 'n/a' for a
+    value that was not measured (NaN)."""
+    if math.isnan(x):
+        return "n/a"
     text = format(x, spec)
-    return text.replace("-", "", 1) if not math.isnan(x) and float(text.rstrip("%")) == 0 \
-        else text
+    return text.replace("-", "", 1) if float(text.rstrip("%")) == 0 else text
 
 
 def compare_summaries(measured: dict, predicted: dict) -> pd.DataFrame:

@@ -44,6 +44,15 @@ def test_negative_zero_is_printed_as_zero():
     assert row.split()[-1] == "n/a" and "0.00" in row
 
 
+def test_a_value_not_measured_reads_n_a_not_nan():
+    """Records without the server's own metrics (a run of the driver alone) have no server
+    TTFT: the row printed 'nan' under 'measured'."""
+    text = format_table(compare_summaries(dict(BASE, server_ttft_mean_ms=math.nan),
+                                          dict(BASE, server_ttft_mean_ms=26.7)))
+    row = [line for line in text.splitlines() if line.startswith("TTFT mean at server")][0]
+    assert "nan" not in text and row.split()[-3:] == ["n/a", "26.70", "n/a"]
+
+
 def test_raw_itl_of_bursty_runs_says_bursty_not_a_number():
     measured = dict(BASE, coalesced_share=BURSTY_SHARE + 0.1, itl_raw_p50_ms=0.01)
     df = compare_summaries(measured, BASE)
