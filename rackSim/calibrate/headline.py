@@ -310,7 +310,10 @@ def format_report(h: Headline, table: pd.DataFrame, context: int) -> str:
            "output_tok_s_gpu": "{:,.0f}".format,
            "uncached_tok_s_per_prefill_gpu": "{:,.0f}".format}
     with pd.option_context("display.width", 200, "display.max_rows", 200):
-        lines.append(table.to_string(index=False, formatters=fmt))
+        lines.append(table.to_string(index=False, formatters=fmt, na_rep="-"))
+    if not table["feasible"].all():
+        lines.append(f"-: infeasible: the layout's output rate is above the largest output "
+                     f"share H1 and H3 allow ({max(lo.output, hi.output):.2%} of the tokens)")
     return "\n".join(lines)
 
 

@@ -120,6 +120,10 @@ def test_command_prints_segment_and_layouts(tmp_path: Path,
     assert len(df) == 32 and set(df.decode_gpus) == {16, 32}
     # the decode depth comes from the calibrated step: deep batches, as H2 implies
     assert (df.requests_per_rank > 32).all()
+    # a layout off the segment prints '-' (not NaN) and the table says why
+    assert "NaN" not in text and not df.feasible.all()
+    assert ("-: infeasible: the layout's output rate is above the largest output share H1 "
+            "and H3 allow (1.40% of the tokens)") in text
 
 
 def test_command_refuses_an_infeasible_table(tmp_path: Path,
