@@ -28,6 +28,35 @@ def save_figure(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
+class _PlainLogLabels(matplotlib.ticker.Formatter):
+    """Plain numbers (10000, not 1e4); on the minor ticks only where the axis gives each
+    decade room for three labels (at least `INCHES_PER_DECADE`)."""
+
+    INCHES_PER_DECADE = 1.6
+
+    def __init__(self, minor: bool):
+        self.minor = minor
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        if self.minor:
+            lo, hi = self.axis.get_view_interval()
+            box = self.axis.axes.bbox
+            inches = (box.width if self.axis.axis_name == "x" else box.height) / \
+                self.axis.figure.dpi
+            if lo <= 0 or math.log10(hi / lo) * self.INCHES_PER_DECADE > inches:
+                return ""
+        return f"{x:g}"
+
+
+def plain_log_axis(axis: matplotlib.axis.Axis) -> None:
+    """Labels of a log axis as plain numbers at 1 (and, where there is room, 2 and 5) of each
+    decade: matplotlib's own label the minor ticks of a narrow range in scientific notation
+    that runs together."""
+    axis.set_major_formatter(_PlainLogLabels(minor=False))
+    axis.set_minor_locator(matplotlib.ticker.LogLocator(subs=(2.0, 5.0)))
+    axis.set_minor_formatter(_PlainLogLabels(minor=True))
+
+
 def mark_percentiles(ax: plt.Axes, percentile) -> None:  # noqa: ANN001 - q -> value
     """Vertical lines at P50 / P90 / P99, `percentile(q)` giving each value."""
     for q, style in PERCENTILE_STYLES:
@@ -76,13 +105,8 @@ def plot_latency(result: Result, path: Path) -> Path:
         ax.stairs(w.reshape(-1, k).sum(axis=1), e[lo:hi + 1:k], fill=True, color="tab:orange")
         mark_percentiles(ax, h.percentile)
         ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-        # within two decades the minor ticks are labelled too: a narrow spread (1.5-2 ms
-        # with a tail to 20) otherwise shows a single label
-        decades = math.log10(e[hi] / e[lo]) if e[lo] > 0 else math.inf
-        ax.xaxis.set_minor_formatter(
-            matplotlib.ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5))
-            if decades <= 2 else matplotlib.ticker.NullFormatter())
+        plain_log_axis(ax.xaxis)  # a spread of 1.5-2 ms with a tail to 20 showed only '10'
+
     ax.set_xlabel("inter-token latency (ms)")
     ax.set_ylabel("tokens")
     ax.set_title("Inter-token latency (token-weighted)")

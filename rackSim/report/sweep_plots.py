@@ -18,10 +18,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
 
 from rackSim.perf.step import COMPONENTS  # noqa: E402
-from rackSim.report.plots import save_figure  # noqa: E402
+from rackSim.report.plots import plain_log_axis, save_figure  # noqa: E402
 from rackSim.report.sweep_table import STATUS_COLUMNS  # noqa: E402
 
 X, Y = "interactivity_tok_s", "throughput_tok_s_gpu"
@@ -179,15 +178,6 @@ def plot_breakdown_by_width(table: pd.DataFrame, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def _log_axis(ax: plt.Axes) -> None:
-    """Log x axis with plain-number labels at 1, 2 and 5 of each decade."""
-    ax.set_xscale("log")
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
-    ax.xaxis.set_major_formatter(plain)
-    ax.xaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
-    ax.xaxis.set_minor_formatter(plain)
-
-
 def _ttft_ms(job: Path) -> np.ndarray:
     try:
         req = pd.read_parquet(job / "requests.parquet",
@@ -236,7 +226,8 @@ def plot_latency_distributions(table: pd.DataFrame, sweep_dir: Path, path: Path)
             axes[1].step(x, cdf, where="post", color=c, label=labels[i])
     for ax, name, unit in ((axes[0], "TTFT", "requests"),
                            (axes[1], "inter-token latency", "tokens")):
-        _log_axis(ax)
+        ax.set_xscale("log")
+        plain_log_axis(ax.xaxis)
         ax.set_xlabel(f"{name} (ms, log scale)")
         ax.set_ylabel(f"fraction of {unit}")
         ax.axhline(0.9, color="k", ls=":", lw=0.8)

@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from rackSim.report.plots import plain_log_axis  # noqa: E402
 from rackSim.workload.agentx import AgentXSpec, generate_agentx  # noqa: E402
 from rackSim.workload.generator_fit import GeneratorFit, observe  # noqa: E402
 from rackSim.workload.graph import SessionGraph  # noqa: E402
@@ -136,8 +137,10 @@ def plot_qq(fit: GeneratorFit, generated: list[SessionGraph], base: AgentXSpec,
         ax.plot(qb, qa, ".", ms=3)
         lo, hi = min(qa.min(), qb.min()), max(qa.max(), qb.max())
         ax.plot([lo, hi], [lo, hi], "k--", lw=0.7)
-        if lo > 0:
+        if lo > 0 and hi > 10 * lo:  # a decade or more; within one, plain linear axes
             ax.set(xscale="log", yscale="log")
+            plain_log_axis(ax.xaxis)
+            plain_log_axis(ax.yaxis)
         ax.set(title=f"{q}  KS {ks[q]:.3f}", xlabel="generated", ylabel="pool")
     for ax in list(axes.flat)[len(pairs):]:
         ax.axis("off")

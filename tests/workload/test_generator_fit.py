@@ -176,3 +176,35 @@ def test_command_bad_input(pool, tmp_path, capsys):
     assert main(["fit", str(tmp_path / "absent.jsonl")]) == 5
     assert "cannot read" in capsys.readouterr().err
     assert not (tmp_path / "absent_fit").exists() and not (tmp_path / "empty_fit").exists()
+
+
+def test_qq_tick_labels_do_not_run_into_each_other(pool, monkeypatch, tmp_path):
+    """Quantities within a decade (system prompts of 10-18K tokens) got matplotlib's minor
+    labels in scientific notation, run together into one smear: now plain numbers that do
+    not overlap, on linear axes within a decade."""
+    from matplotlib.text import Text
+
+    from rackSim.workload import fit_report
+    from rackSim.workload.jsonl import load_jsonl
+
+    kept = []
+    monkeypatch.setattr(fit_report.plt, "close", kept.append)
+    graphs = load_jsonl(pool)
+    fit = fit_generator(graphs, SPEC)
+    generated = fit_report.generated_pool(fit, 0)
+    gof = fit_report.goodness_of_fit(fit, generated, SPEC)
+    fit_report.plot_qq(fit, generated, SPEC, gof, tmp_path / "qq.png")
+    fig = kept[0]
+    fig.canvas.draw()
+    for ax in fig.axes:
+        if not ax.get_visible() or not ax.axison:
+            continue
+        for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+            labels = [t for t in axis.get_ticklabels(minor=False) + axis.get_ticklabels(minor=True)
+                      if t.get_text() and lo <= t.get_position()[axis is ax.yaxis] <= hi]
+            assert all("times" not in t.get_text() for t in labels), ax.get_title()
+            boxes = [Text.get_window_extent(t) for t in labels]
+            clash = [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+            assert not clash, (ax.get_title(), [t.get_text() for t in labels])
+    monkeypatch.undo()
+    fit_report.plt.close(fig)
