@@ -348,6 +348,7 @@ def run(args: argparse.Namespace, cfg: RunConfig, profile: Profile
     figs = figures.read_figures()
     fit_rows = fit_table(profile)
     t0 = time.perf_counter()
+    _stage(f"the reference scenario, a {args.window_s:g}-s window")
     result = simulate(cfg, progress=sys.stderr.isatty())
     if result.summary.get("partial"):
         raise KeyboardInterrupt
@@ -357,13 +358,17 @@ def run(args: argparse.Namespace, cfg: RunConfig, profile: Profile
     if not args.no_loo:
         t0 = time.perf_counter()
         fitted = sorted({figure_id(str(r["figure"])) for r in fit_rows} & fitted_ids(profile))
+        _stage(f"leave-one-out: {len(fitted) + 1} refits of the profile (without each of its "
+               f"{len(fitted)} fitted figures, and with all) over {args.jobs} process(es)")
         loo = calibration_loo(profile, fitted, args.jobs)
         timings["loo_s"] = time.perf_counter() - t0
     effects = None
     if not args.no_effects:
         t0 = time.perf_counter()
-        effects = run_effects(default_effects(cfg), args.override, args.effects_window_s,
-                              args.jobs)
+        todo = default_effects(cfg)
+        _stage(f"effects: {len(todo)} variant / baseline comparisons, simulated in "
+               f"{args.effects_window_s:g}-s windows over {args.jobs} process(es)")
+        effects = run_effects(todo, args.override, args.effects_window_s, args.jobs)
         timings["effects_s"] = time.perf_counter() - t0
     table = build_table(figs, fit_rows, profile, headline, headline_fit, loo)
     meta = {"scenario": result.summary["scenario"], "layout": result.summary["layout"],
@@ -373,6 +378,12 @@ def run(args: argparse.Namespace, cfg: RunConfig, profile: Profile
                 "created_at"), "headline_fit": str(HEADLINE_FIT) if headline_fit else None,
             "timings_s": timings}
     return table, effects, summary(table, effects, **meta)
+
+
+def _stage(what: str) -> None:
+    """One line on stderr as a stage starts (the stages run for minutes; their progress
+    bars show only on a terminal)."""
+    print(f"racksim-fidelity: {what} ...", file=sys.stderr, flush=True)
 
 
 def write(out: Path, table: pd.DataFrame, effects: pd.DataFrame | None,

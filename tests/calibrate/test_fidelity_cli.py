@@ -48,8 +48,14 @@ def test_cli_writes_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert set(summ["timings_s"]) == {"headline_s", "effects_s", "total_s"}
     assert summ["effects"]["noise"]["throughput_ratio"] == pytest.approx(
         abs(eff.set_index("effect").loc["noise", "throughput_ratio"] - 1))
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "H1" in printed and "push vs pull" in printed and str(out / "fidelity.json") in printed
+    # each stage says it has started (minutes each; the bars show on a terminal only)
+    assert captured.err.splitlines() == [
+        "racksim-fidelity: the reference scenario, a 5-s window ...",
+        "racksim-fidelity: effects: 2 variant / baseline comparisons, simulated in 5-s windows "
+        "over 1 process(es) ..."]
 
 
 @pytest.mark.parametrize(("args", "expect"), [
