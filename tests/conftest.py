@@ -1,6 +1,7 @@
-"""Shared fixtures: small validated scenarios built from the real Hydra tree, and the
-hypothesis profiles: `quick` (default, what CI runs) and `deep` (HYPOTHESIS_PROFILE=deep: the
-engine and fleet invariants over at least 1,000 generated scenarios each; README, Tests)."""
+"""Shared fixtures: small validated scenarios built from the real Hydra tree, figures caught
+before they are saved, and the hypothesis profiles: `quick` (default, what CI runs) and
+`deep` (HYPOTHESIS_PROFILE=deep: the engine and fleet invariants over at least 1,000 generated
+scenarios each; README, Tests)."""
 
 from __future__ import annotations
 
@@ -20,3 +21,29 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
 def smoke_cfg() -> RunConfig:
     return compose_scenario(["experiment=smoke", "progress=false"])
 
+
+
+@pytest.fixture
+def caught_figures(monkeypatch):
+    """`catch(module, saver)` replaces `module.saver` (a function given the figure first)
+    so that the figures it would save are drawn, laid out as saved (`layout`: tight_layout
+    first) and kept open for the test to read; returns the list they go into. They are
+    closed after the test."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+
+    def catch(module, saver: str, layout: bool = True) -> list:
+        def keep(fig, *args, **kwargs):
+            if layout:
+                fig.tight_layout()
+            fig.canvas.draw()
+            figures.append(fig)
+            return args[0] if args else b""
+
+        monkeypatch.setattr(module, saver, keep)
+        return figures
+
+    yield catch
+    for fig in figures:
+        plt.close(fig)

@@ -9,7 +9,7 @@ from matplotlib.collections import PathCollection
 import rackSim.report.fidelity_plots as fidelity_plots
 
 
-def test_no_marker_lies_under_a_legend(monkeypatch, tmp_path):
+def test_no_marker_lies_under_a_legend(caught_figures, tmp_path):
     """The legends sit at the lower right, where the last rows are: H2 (2.4x its published
     value, the bottom rows' largest ratio) was drawn under the figure's legend."""
     keys = [f"D{i}" for i in range(1, 21)] + ["L2", "H1", "H2", "H3"]
@@ -25,15 +25,7 @@ def test_no_marker_lies_under_a_legend(monkeypatch, tmp_path):
         "interactivity_ratio": np.linspace(0.75, 2.2, 12),
         "published_ratio": [np.nan] * 10 + [0.9, 0.85],
         "agrees": ["yes", "no", "within noise", ""] * 3})
-    figures = []
-
-    def keep(fig, path):
-        fig.tight_layout()
-        fig.canvas.draw()
-        figures.append(fig)
-        return path
-
-    monkeypatch.setattr(fidelity_plots, "save_figure", keep)
+    figures = caught_figures(fidelity_plots, "save_figure")
     fidelity_plots.plot_fidelity(table, effects, tmp_path / "f.png")
     fig = figures[0]
     for ax in fig.axes:
@@ -44,4 +36,3 @@ def test_no_marker_lies_under_a_legend(monkeypatch, tmp_path):
         inside = ((points[:, 0] >= box.x0) & (points[:, 0] <= box.x1)
                   & (points[:, 1] >= box.y0) & (points[:, 1] <= box.y1))
         assert not inside.any(), points[inside]
-    fidelity_plots.plt.close(fig)

@@ -73,61 +73,45 @@ def test_throughput_figure_of_a_run_interrupted_in_its_warm_up(tmp_path) -> None
     assert path.stat().st_size > 5_000
 
 
-def _drawn(monkeypatch, plot, result):
-    """The figure `plot` draws for `result`, laid out as it is saved, kept open."""
+def test_the_breakdown_legend_covers_neither_the_bars_nor_the_axis_label(
+        caught_figures) -> None:
+    """The legend (10 components) sat below the axes over 'mean step time (ms)'."""
     import rackSim.report.plots as plots
 
-    figures = []
-
-    def keep(fig, path):
-        fig.tight_layout()
-        fig.canvas.draw()
-        figures.append(fig)
-        return path
-
-    monkeypatch.setattr(plots, "save_figure", keep)
-    plot(result, None)
-    return figures[0]
-
-
-def test_the_breakdown_legend_covers_neither_the_bars_nor_the_axis_label(monkeypatch) -> None:
-    """The legend (10 components) sat below the axes over 'mean step time (ms)'."""
-    import matplotlib.pyplot as plt
-
+    figures = caught_figures(plots, "save_figure")
     for n in (1, 3):
         steps = _steps([(f"decode-{j}", 1.0, 2.0 + j) for j in range(n)])
         result = Result({"window_start_s": 0.0}, pd.DataFrame(), steps, pd.DataFrame(),
                         LatencyHistogram())
-        fig = _drawn(monkeypatch, plot_decode_breakdown, result)
+        plot_decode_breakdown(result, None)
+        fig = figures[-1]
         ax = fig.axes[0]
         legend = ax.get_legend().get_window_extent()
         assert not legend.overlaps(ax.xaxis.label.get_window_extent())
         assert not legend.overlaps(ax.get_window_extent())
         assert legend.y0 >= 0 and legend.y1 <= fig.bbox.height  # inside the figure
         assert ax.get_xlim()[1] > 1.0 * (2.0 + n - 1 + len(COMPONENTS) - 1)  # room past a bar
-        plt.close(fig)
 
 
-def test_a_narrow_inter_token_latency_spread_is_labelled_between_decades(monkeypatch) -> None:
+def test_a_narrow_inter_token_latency_spread_is_labelled_between_decades(
+        caught_figures) -> None:
     """ITL from 1.5 to 3 ms with a tail to 25 ms: on a log axis whose decades alone are
-    labelled, only '10' showed; within two decades the minor ticks are labelled too."""
-    import matplotlib.pyplot as plt
+    labelled, only '10' showed; where a decade has room its 2 and 5 are labelled too."""
+    import rackSim.report.plots as plots
 
-    from rackSim.report.plots import plot_latency
+    figures = caught_figures(plots, "save_figure")
 
     def labels(values) -> list[str]:
         itl = LatencyHistogram()
         itl.add_many(np.asarray(values, float))
         requests = pd.DataFrame({"phase": ["window"], "error": [None], "ttft_ms": [100.0],
                                  "tpot_ms": [2.0]})
-        fig = _drawn(monkeypatch, plot_latency, Result({}, requests, pd.DataFrame(),
-                                                        pd.DataFrame(), itl))
-        ax = fig.axes[1]
+        plots.plot_latency(Result({}, requests, pd.DataFrame(), pd.DataFrame(), itl), None)
+        ax = figures[-1].axes[1]
         lo, hi = ax.get_xlim()
         shown = [t.get_text() for t in ax.get_xticklabels(minor=False)
                  + ax.get_xticklabels(minor=True)
                  if t.get_text() and lo <= t.get_position()[0] <= hi]
-        plt.close(fig)
         return shown
 
     narrow = labels(np.r_[np.linspace(1.5, 3.0, 500), 25.0])

@@ -9,18 +9,11 @@ from matplotlib.text import Text
 import rackSim.report.plan_figures as plan_figures
 
 
-def test_labels_of_plans_that_screen_alike_do_not_overlap(monkeypatch):
+def test_labels_of_plans_that_screen_alike_do_not_overlap(caught_figures):
     """Three plans within 1 % of each other (as the reference plan's are): labels offset from
     each star came out in reverse order, their lines crossing, the lowest on its star; they
     now stand in one column above the highest star, the first plan on top."""
-    figures = []
-
-    def keep(fig):
-        fig.canvas.draw()
-        figures.append(fig)
-        return b""
-
-    monkeypatch.setattr(plan_figures, "_png", keep)
+    figures = caught_figures(plan_figures, "_png", layout=False)  # saved with bbox "tight"
     rng = np.random.default_rng(0)
     screened = pd.DataFrame({"interactivity_tok_s": rng.uniform(50, 1400, 500),
                              "throughput_tok_s_gpu": rng.uniform(2e4, 4.3e5, 500),
@@ -39,4 +32,3 @@ def test_labels_of_plans_that_screen_alike_do_not_overlap(monkeypatch):
     stars = fig.axes[0].transData.transform(
         np.c_[plans["interactivity_tok_s"], plans["throughput_tok_s_gpu"] / 1e3])
     assert not any(b.contains(x, y) for b in boxes for x, y in stars)
-    plan_figures.plt.close(fig)

@@ -56,41 +56,28 @@ def test_frontier_of_the_sweep(joblib_sweep):
     assert point_labels(ok)[0] == f"{first['layout']} c={first['workload.replay.concurrency']}"
 
 
-def test_the_pareto_legend_names_only_what_is_drawn(monkeypatch, tmp_path):
+def test_the_pareto_legend_names_only_what_is_drawn(caught_figures, tmp_path):
     """Six scenarios all on the frontier: no 'dominated' entry (there was one, with no
     points); one dominated point brings it back."""
     import rackSim.report.sweep_plots as sweep_plots
 
-    legends = []
-
-    def keep_legend(fig, path):
-        legends.append([t.get_text() for t in fig.axes[0].get_legend().get_texts()])
-        sweep_plots.plt.close(fig)
-        return path
-
-    monkeypatch.setattr(sweep_plots, "save_figure", keep_legend)
+    figures = caught_figures(sweep_plots, "save_figure")
     x = np.array([469.3, 473.3, 474.4, 486.2, 510.9, 536.9])
     on_front = pd.DataFrame({"k": range(6), "status": "ok", "interactivity_tok_s": x,
                              "throughput_tok_s_gpu": 1000 - x})
     sweep_plots.plot_pareto(on_front, tmp_path / "a.png")
     below = pd.concat([on_front, on_front.iloc[[0]].assign(k=6, throughput_tok_s_gpu=1.0)])
     sweep_plots.plot_pareto(below, tmp_path / "b.png")
+    legends = [[t.get_text() for t in f.axes[0].get_legend().get_texts()] for f in figures]
     assert legends == [["Pareto frontier"], ["dominated", "Pareto frontier"]]
 
 
-def test_the_breakdown_title_names_what_its_bars_are(monkeypatch, tmp_path):
+def test_the_breakdown_title_names_what_its_bars_are(caught_figures, tmp_path):
     """A concurrency sweep at one width draws a bar per scenario: its title said 'by DEP
     width'. A width sweep draws a bar per width."""
     import rackSim.report.sweep_plots as sweep_plots
 
-    titles = []
-
-    def keep_title(fig, path):
-        titles.append(fig.axes[0].get_title())
-        sweep_plots.plt.close(fig)
-        return path
-
-    monkeypatch.setattr(sweep_plots, "save_figure", keep_title)
+    figures = caught_figures(sweep_plots, "save_figure")
     table = pd.DataFrame({"k": range(4), "status": "ok", "interactivity_tok_s": 400.0,
                           "decode_moe_ms": 1.0,
                           "decode_sync_ms": 0.5, "workload.replay.concurrency": [50, 100, 200, 400],
@@ -98,7 +85,8 @@ def test_the_breakdown_title_names_what_its_bars_are(monkeypatch, tmp_path):
     sweep_plots.plot_breakdown_by_width(table, tmp_path / "a.png")
     sweep_plots.plot_breakdown_by_width(table.assign(decode_gpus=[4, 8, 16, 32]),
                                         tmp_path / "b.png")
-    assert titles == ["Decode step breakdown by scenario", "Decode step breakdown by DEP width"]
+    assert [f.axes[0].get_title() for f in figures] == [
+        "Decode step breakdown by scenario", "Decode step breakdown by DEP width"]
 
 
 def test_latency_curves_prefer_the_frontier():
