@@ -31,6 +31,7 @@ def caught_figures(monkeypatch):
     closed after the test."""
     import matplotlib.pyplot as plt
 
+    close = plt.close  # the saver caught may be plt.close itself
     figures = []
 
     def catch(module, saver: str, layout: bool = True) -> list:
@@ -46,4 +47,4 @@ def caught_figures(monkeypatch):
 
     yield catch
     for fig in figures:
-        plt.close(fig)
+        close(fig)

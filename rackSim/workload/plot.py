@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -29,13 +30,20 @@ def plot_workload(stats: WorkloadStats, path: str | Path) -> None:
     labels = ["infinite" if c == "cached_inf" else f"LRU {int(c[7:]):,}" for c in caches]
     reuse = [tab[c].sum() / tab["prompt"].sum() for c in caches]
     ax[1, 0].bar(labels, reuse)
-    ax[1, 0].axhline(s["structural_prefix_share"], color="k", ls="--", lw=0.8,
-                     label="prefix share of prompts (graph)")
+    share = s["structural_prefix_share"]  # 0 for a trace: its reuse is across sessions
+    ax[1, 0].axhline(share, color="k", ls="--", lw=0.8,
+                     label=f"prefix share of prompts (graph): {share:.1%}")
     ax[1, 0].set(title="prefix reuse (cached / prompt tokens)", ylim=(0, 1))
     ax[1, 0].legend()
     agents = tab.groupby("session")["agent"].max()
-    ax[1, 1].hist(agents, bins=np.arange(agents.max() + 2) - 0.5)
     ax[1, 1].set(title="subagent branches per session", xlabel="branches", ylabel="sessions")
+    if agents.max() > 0:
+        ax[1, 1].hist(agents, bins=np.arange(agents.max() + 2) - 0.5)
+        ax[1, 1].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    else:  # a trace, or a pool without subagents: one bar at 0 said little
+        ax[1, 1].text(0.5, 0.5, f"no subagent branches in {s['sessions']:,} sessions",
+                      ha="center", va="center", transform=ax[1, 1].transAxes)
+        ax[1, 1].set(xticks=[], yticks=[])
     fig.suptitle(f"{s['source']}: {s['sessions']:,} sessions, {s['requests']:,} requests")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -189,3 +189,28 @@ def test_command_help_names_subcommands_and_defaults(capsys: pytest.CaptureFixtu
     assert "racksim-workload import" in text and "racksim-workload fit" in text
     for default in ("default 1.0)", "default 0.005)", "default 1048576)", "default 0)"):
         assert default in text, default
+
+
+def test_the_figure_of_sessions_without_subagents_says_so(caught_figures, tmp_path) -> None:
+    """A trace (every session one request, reuse only across sessions): the subagent panel was
+    one bar at 0 on an axis of -0.4..0.4, and the graph's prefix line (at 0) hid in the axis;
+    now the panel says there are none and the legend gives the share. A pool with subagents
+    keeps whole-number branch ticks."""
+    from rackSim.workload import plot
+
+    figures = caught_figures(plot.plt, "close", layout=False)  # after its savefig
+    trace = [SessionGraph(session_id=f"t{i}", requests=(RequestSpec(
+        rid=0, parent=None, prefix_tokens=0, new_tokens=2_000 + i, output_tokens=100),))
+        for i in range(20)]
+    plot.plot_workload(describe(trace, source="trace"), tmp_path / "t.png")
+    plot.plot_workload(describe(generate_agentx(AgentXSpec(subagent_prob=0.5), 0, 12),
+                                source="agentx"), tmp_path / "a.png")
+    flat, forked = figures
+    reuse, branches = flat.axes[2], flat.axes[3]
+    assert [t.get_text() for t in reuse.get_legend().get_texts()] == [
+        "prefix share of prompts (graph): 0.0%"]
+    assert [t.get_text() for t in branches.texts] == ["no subagent branches in 20 sessions"]
+    assert not branches.patches  # no bar
+    ticks = [t for t in forked.axes[3].get_xticks()
+             if forked.axes[3].get_xlim()[0] <= t <= forked.axes[3].get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks)
