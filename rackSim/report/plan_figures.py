@@ -16,6 +16,9 @@ from matplotlib.text import OffsetFrom  # noqa: E402
 
 from rackSim.report.sweep_plots import pareto_front  # noqa: E402
 
+#: plans within this share of the screened ranges of the highest plan are labelled together
+NEAR = 0.1
+
 
 def _png(fig: plt.Figure) -> bytes:
     buf = io.BytesIO()
@@ -40,18 +43,25 @@ def pareto_png(screened: pd.DataFrame, plans: pd.DataFrame, slo_interactivity: f
         ax.plot(x[f], y[f], c="tab:red", lw=1, label="Pareto frontier")
     ax.axvline(slo_interactivity, c="k", ls="--", lw=1,
                label=f"SLO: {slo_interactivity:g} tok/s/user")
-    # the plans' labels in one column, 12 points apart, from the highest plan: plans often
-    # screen within a few percent of each other, and labels offset from each star overlapped
+    # Plans often screen within a few percent of each other, and labels offset from each star
+    # overlapped: the plans near the highest one are labelled in one column above it, 12
+    # points apart in plan order; a plan far from it (a colocated fleet confirmed to compare)
+    # beside its own star.
+    px_all = plans["interactivity_tok_s"].to_numpy(float)
+    py_all = plans["throughput_tok_s_gpu"].to_numpy(float) / 1e3
     if len(plans):
-        top = plans["throughput_tok_s_gpu"].to_numpy().argmax()
-        column = OffsetFrom(ax.transData, (plans["interactivity_tok_s"].iloc[top],
-                                           plans["throughput_tok_s_gpu"].iloc[top] / 1e3))
+        top = py_all.argmax()
+        column = OffsetFrom(ax.transData, (px_all[top], py_all[top]))
+        near = ((np.abs(px_all - px_all[top]) <= NEAR * np.ptp(x))
+                & (np.abs(py_all - py_all[top]) <= NEAR * np.ptp(y)))
+        row = np.cumsum(near[::-1])[::-1] - 1  # 0 for the last near plan, the lowest line
     for i, (_, p) in enumerate(plans.iterrows()):
-        px, py = p["interactivity_tok_s"], p["throughput_tok_s_gpu"] / 1e3
+        px, py = px_all[i], py_all[i]
         ax.scatter([px], [py], marker="*", s=180, c="gold", edgecolors="k", zorder=5,
                    label="plans (screen)" if i == 0 else None)
-        ax.annotate(f"{p['racks']} x {p['layout']}", (px, py), textcoords=column,
-                    xytext=(12, 12 + 12 * (len(plans) - 1 - i)), fontsize=8,
+        where = ({"textcoords": column, "xytext": (12, 12 + 12 * row[i])} if near[i] else
+                 {"textcoords": "offset points", "xytext": (10, 8)})
+        ax.annotate(f"{p['racks']} x {p['layout']}", (px, py), fontsize=8, **where,
                     arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.4"})
         dx, dy = p.get("des_interactivity_tok_s"), p.get("des_throughput_tok_s_gpu")
         if dx is not None and dy is not None and np.isfinite(dx) and np.isfinite(dy):
