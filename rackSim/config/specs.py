@@ -446,6 +446,13 @@ class DeploymentSpec(StrictModel):
                 f"but this deployment has none besides '{self.name}'; add `groups` or drop it")
         if self.is_colocated:
             mixed = [g.name for g in groups if g.prefill.instances or g.decode.instances]
+            if mixed and not self.groups:  # one layout: name the overrides that mend it
+                raise ValueError(
+                    f"colocated.instances={self.colocated.instances} but the deployment also "
+                    f"has {self.prefill.instances} prefill and {self.decode.instances} decode "
+                    "instances (an experiment such as smoke sets a disaggregated slice); it either "
+                    "disaggregates or colocates: add deployment.prefill.instances=0 "
+                    "deployment.decode.instances=0, or set deployment.colocated.instances=0")
             if mixed:
                 raise ValueError(
                     f"colocated.instances: rack group(s) {mixed} also have prefill or decode "

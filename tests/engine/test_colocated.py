@@ -204,9 +204,24 @@ def test_busiest_rank_sets_the_per_rank_parts(smoke_cfg):
 
 # -- bad layouts ---------------------------------------------------------------------------------
 def test_colocated_and_pd_instances_do_not_mix(smoke_cfg):
-    with pytest.raises(ValueError, match=r"colocated.instances: .* a fleet either "
-                                         r"disaggregates or colocates"):
+    """One layout (`experiment=smoke deployment=colocated_dep16` is the usual way in): the
+    message names the overrides that mend it, and they do. A fleet's group is named."""
+    with pytest.raises(ValueError, match=r"colocated.instances=1 but the deployment also has "
+                                         r"2 prefill and 1 decode instances .*add "
+                                         r"deployment.prefill.instances=0 "
+                                         r"deployment.decode.instances=0, or set "
+                                         r"deployment.colocated.instances=0"):
         with_changes(smoke_cfg, deployment={"colocated": COLOCATED})
+    mended = with_changes(smoke_cfg, deployment={"colocated": COLOCATED, "prefill": {
+        "instances": 0}, "decode": {"instances": 0}})
+    assert mended.deployment.is_colocated
+    with pytest.raises(ValueError, match=r"colocated.instances: rack group\(s\) \['b'\] also "
+                                         r"have prefill or decode instances; a fleet either "
+                                         r"disaggregates or colocates"):
+        with_changes(smoke_cfg, deployment={
+            "colocated": COLOCATED, "prefill": {"instances": 0}, "decode": {"instances": 0},
+            "racks": None, "groups": [{"name": "a", "racks": 1},
+                                      {"name": "b", "racks": 1, "prefill": {"instances": 1}}]})
 
 
 def test_budget_must_leave_room_for_prefill(smoke_cfg):
