@@ -166,6 +166,8 @@ def plot_breakdown_by_width(table: pd.DataFrame, path: Path) -> Path:
             ax.bar(range(len(bars)), v, bottom=bottom, color=colours[i % 10],
                    label=c.removeprefix("decode_").removesuffix("_ms"))
         bottom += v
+    # room above the tallest bar (a stack's bottoms are sticky edges: autoscaling left none)
+    ax.set_ylim(0, 1.05 * bottom.max() if bottom.max() > 0 else 1.0)
     ax.set_xticks(range(len(bars)), names, rotation=0 if per_width else 30,
                   ha="center" if per_width else "right", fontsize=8)
     ax.set_ylabel("mean decode step time (ms)")
