@@ -106,7 +106,6 @@ def plot_latency(result: Result, path: Path) -> Path:
         mark_percentiles(ax, h.percentile)
         ax.set_xscale("log")
         plain_log_axis(ax.xaxis)  # a spread of 1.5-2 ms with a tail to 20 showed only '10'
-
     ax.set_xlabel("inter-token latency (ms)")
     ax.set_ylabel("tokens")
     ax.set_title("Inter-token latency (token-weighted)")
