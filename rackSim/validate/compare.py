@@ -229,6 +229,7 @@ def write_comparison(df: pd.DataFrame, out_dir: Path, title: str = "measured vs 
                 ax.annotate(f"{e:+.0f}%", (xi + 0.2, pv), ha="center", va="bottom", fontsize=8)
         ax.set_xticks(x, [short_name(k) for k in keys],
                       fontsize=8)
+        ax.set_ylim(0, 1.12 * np.nanmax([*m, *p, 0.0]) or 1.0)  # room for the error labels
         ax.set_title(name)
     axes[0].legend(fontsize=8)
     fig.suptitle(title)

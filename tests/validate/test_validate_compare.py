@@ -14,6 +14,7 @@ from rackSim.validate.compare import (
     coalesced_share,
     compare_summaries,
     format_table,
+    write_comparison,
 )
 
 BASE = {"ttft_p50_ms": 100.0, "ttft_p90_ms": 200.0, "itl_p50_ms": 10.0, "itl_p90_ms": 20.0,
@@ -51,6 +52,19 @@ def test_a_value_not_measured_reads_n_a_not_nan():
                                           dict(BASE, server_ttft_mean_ms=26.7)))
     row = [line for line in text.splitlines() if line.startswith("TTFT mean at server")][0]
     assert "nan" not in text and row.split()[-3:] == ["n/a", "26.70", "n/a"]
+
+
+def test_the_error_labels_stay_inside_the_figure(caught_figures, tmp_path):
+    """The error printed over the tallest predicted bar ran into the frame: the axes leave
+    room above it."""
+    import matplotlib.pyplot as plt
+
+    figures = caught_figures(plt, "close", layout=False)  # after its savefig
+    write_comparison(compare_summaries(BASE, dict(BASE, throughput_tok_s_gpu=1010.0)), tmp_path)
+    for ax in figures[0].axes:
+        frame = ax.get_window_extent()
+        for label in ax.texts:  # a clear gap under the frame (the old one was < 1 pt)
+            assert frame.y1 - label.get_window_extent().y1 > 4, label.get_text()
 
 
 def test_raw_itl_of_bursty_runs_says_bursty_not_a_number():
