@@ -29,7 +29,8 @@ def plot_workload(stats: WorkloadStats, path: str | Path) -> None:
     caches = [c for c in tab.columns if c.startswith("cached_")]
     labels = ["infinite" if c == "cached_inf" else f"LRU {int(c[7:]):,}" for c in caches]
     reuse = [tab[c].sum() / tab["prompt"].sum() for c in caches]
-    ax[1, 0].bar(labels, reuse)
+    bars = ax[1, 0].bar(labels, reuse)
+    ax[1, 0].bar_label(bars, [f"{r:.1%}" for r in reuse], fontsize=8)  # 0 % draws no bar
     share = s["structural_prefix_share"]  # 0 for a trace: its reuse is across sessions
     ax[1, 0].axhline(share, color="k", ls="--", lw=0.8,
                      label=f"prefix share of prompts (graph): {share:.1%}")

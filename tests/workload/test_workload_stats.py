@@ -210,6 +210,7 @@ def test_the_figure_of_sessions_without_subagents_says_so(caught_figures, tmp_pa
     assert [t.get_text() for t in reuse.get_legend().get_texts()] == [
         "prefix share of prompts (graph): 0.0%"]
     assert [t.get_text() for t in branches.texts] == ["no subagent branches in 20 sessions"]
+    assert [t.get_text() for t in reuse.texts] == ["0.0%", "0.0%"]  # bars of height 0, named
     assert not branches.patches  # no bar
     ticks = [t for t in forked.axes[3].get_xticks()
              if forked.axes[3].get_xlim()[0] <= t <= forked.axes[3].get_xlim()[1]]
