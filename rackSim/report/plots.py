@@ -66,12 +66,16 @@ def mark_percentiles(ax: plt.Axes, percentile) -> None:  # noqa: ANN001 - q -> v
 
 def plot_throughput(result: Result, path: Path) -> Path:
     ts = result.timeseries
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(9.5, 4))
     if not ts.empty:
-        t = ts["t_s"] / 60
-        ax.stackplot(t, ts["cached"], ts["uncached"], ts["output"],
+        # bucket starts, then the window's end: a post step draws each bucket over its own
+        # time (without the end, the last bucket had no width and the last minute was missing)
+        t = np.append(ts["t_s"].to_numpy(float), result.summary["window_s"]) / 60
+        last = ts.iloc[[-1]]
+        ax.stackplot(t, *(np.append(ts[k], last[k]) for k in ("cached", "uncached", "output")),
                      labels=["cached input", "uncached input", "output"], step="post")
-        ax.legend(loc="lower right")
+        # beside the axes: inside, it covered the stack it names (filled from 0 up)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
     else:  # a run interrupted before its window began
         ax.text(0.5, 0.5, "no measurement window simulated", ha="center", va="center",
                 transform=ax.transAxes)

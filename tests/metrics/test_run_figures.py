@@ -93,6 +93,26 @@ def test_the_breakdown_legend_covers_neither_the_bars_nor_the_axis_label(
         assert ax.get_xlim()[1] > 1.0 * (2.0 + n - 1 + len(COMPONENTS) - 1)  # room past a bar
 
 
+def test_the_throughput_stack_covers_the_window_and_its_legend_sits_beside_it(
+        caught_figures) -> None:
+    """Three one-minute buckets of a 3-minute window: the stack ends at 3 min (the last
+    bucket had no width: it ended at 2), and its legend is beside the axes (a stack filled
+    from 0 has no free corner: lower right, it covered the last minutes)."""
+    import rackSim.report.plots as plots
+
+    figures = caught_figures(plots, "save_figure")
+    ts = pd.DataFrame({"t_s": [0.0, 60.0, 120.0], "cached": [300.0, 400.0, 350.0],
+                       "uncached": [500.0, 450.0, 480.0], "output": [20.0, 25.0, 22.0]})
+    plots.plot_throughput(Result({"window_s": 180.0}, pd.DataFrame(), pd.DataFrame(), ts,
+                                 LatencyHistogram()), None)
+    ax = figures[0].axes[0]
+    ends = [p.vertices[:, 0].max() for c in ax.collections for p in c.get_paths()]
+    assert len(ends) == 3 and all(e == pytest.approx(3.0) for e in ends)
+    legend = ax.get_legend().get_window_extent()
+    assert not legend.overlaps(ax.get_window_extent())
+    assert legend.x1 <= figures[0].bbox.width  # inside the figure
+
+
 def test_a_narrow_inter_token_latency_spread_is_labelled_between_decades(
         caught_figures) -> None:
     """ITL from 1.5 to 3 ms with a tail to 25 ms: on a log axis whose decades alone are
