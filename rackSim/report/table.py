@@ -29,6 +29,8 @@ def _fmt(fmt: str, v) -> str:
 
 def format_summary(summary: dict, title: str = "") -> str:
     lines = [title] if title else []
+    if "layout" in summary:  # what ran: the scenario's name may be an experiment's (smoke)
+        lines.append(f"  {'layout':<28} {summary['layout']}, {summary['num_gpus']:,} GPUs")
     for label, key, unit, fmt in _ROWS:
         keys = key if isinstance(key, tuple) else (key,)
         value = " / ".join(_fmt(fmt, summary.get(k)) for k in keys)

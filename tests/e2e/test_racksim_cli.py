@@ -35,6 +35,7 @@ def test_writes_every_artefact(smoke_run):
         assert (out / name).stat().st_size > 0, name
     assert not (out / "PARTIAL").exists()
     assert "throughput" in stdout and "interactivity" in stdout
+    assert "  layout                       P2xDEP2+DEP4, 8 GPUs\n" in stdout
 
 
 def test_tables_load_with_pandas_and_follow_the_schema(smoke_run):
