@@ -531,7 +531,12 @@ class WorkloadSpec(StrictModel):
             raise ValueError("source 'synthetic' needs a 'synthetic' section")
         if self.source not in ("synthetic", "agentx"):
             if self.path is None:
-                raise ValueError(f"source '{self.source}' needs 'path'")
+                what = {"jsonl": "a session-graph pool (JSONL; `racksim-workload import` "
+                                 "makes one from agent logs)",
+                        "mooncake": "a Mooncake trace (JSONL)",
+                        "azure": "an Azure trace (CSV)"}[self.source]
+                raise ValueError(f"path: source '{self.source}' reads {what}; give it with "
+                                 "workload.path=FILE")
             found = resolve_path(self.path)
             if found is None:
                 raise ValueError(f"path: no such file '{self.path}' (relative paths are read "

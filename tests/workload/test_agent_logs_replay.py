@@ -44,7 +44,9 @@ def test_simulator_replays_the_imported_pool(pool):
 
 
 def test_imported_logs_scenario_needs_a_path():
-    with pytest.raises(ValueError, match="source 'jsonl' needs 'path'"):
+    with pytest.raises(ValueError, match=r"path: source 'jsonl' reads a session-graph pool "
+                                         r"\(JSONL; `racksim-workload import` makes one from "
+                                         r"agent logs\); give it with workload.path=FILE"):
         compose_scenario(["workload=imported_logs"])
 
 
