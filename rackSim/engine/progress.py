@@ -8,13 +8,10 @@ skewed by a warm-up that took minutes of wall time.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-
-class _Phases(Protocol):
-    window_start_s: float | None
-
-    def warmup_progress(self, now_s: float) -> tuple[float, float, str]: ...
+if TYPE_CHECKING:
+    from rackSim.workload.replay import ClosedLoopReplay, OpenLoopPhases
 
 
 class RunProgress:
@@ -22,7 +19,8 @@ class RunProgress:
 
     The second bar covers `window_s` then `drain_s`, named after the one under way."""
 
-    def __init__(self, phases: _Phases, window_s: float, drain_s: float):
+    def __init__(self, phases: ClosedLoopReplay | OpenLoopPhases, window_s: float,
+                 drain_s: float):
         self._phases, self._window_s, self._total_s = phases, window_s, window_s + drain_s
         self._bar = None
         self._in_window = False
