@@ -19,6 +19,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from rackSim.metrics.summary import SUMMARY_KEYS
+from rackSim.report.files import FIGURE_FILES, TABLE_FILES
 from rackSim.run import JOB_RECORD, read_job
 
 TABLE_PARQUET = "sweep.parquet"
@@ -111,10 +112,10 @@ def build_table(sweep_dir: Path | str) -> pd.DataFrame:
 
 def _single_run(path: Path) -> str:
     """The hint for a single run's directory given where a sweep's is expected, else ''."""
-    if (path / "summary.json").is_file() and not (path / JOB_RECORD).is_file():
+    if (path / TABLE_FILES["summary"]).is_file() and not (path / JOB_RECORD).is_file():
         return ("; it is a single run's directory, whose figures `racksim` draws itself "
-                "(throughput.png, latency.png, decode_breakdown.png): give a sweep's "
-                "directory (`racksim -m ...`)")
+                f"({', '.join(FIGURE_FILES.values())}): give a sweep's directory "
+                "(`racksim -m ...`)")
     return ""
 
 
