@@ -32,7 +32,8 @@ def write_result(result: Result, out: Path) -> dict[str, Path]:
     """Write every artefact of `result` into `out`; returns name -> path.
 
     A partial result (an interrupted run) is written too, but its summary says
-    `"partial": true` and a PARTIAL marker file sits beside it.
+    `"partial": true` and a PARTIAL marker file sits beside it. An earlier run's files
+    (a stale marker among them) are the caller's to clear first: `clear_run_files`.
     """
     out.mkdir(parents=True, exist_ok=True)
     paths = {k: out / TABLE_FILES[k]
@@ -51,12 +52,9 @@ def write_result(result: Result, out: Path) -> dict[str, Path]:
         if len(table):
             paths[name] = out / TABLE_FILES[name]
             table.to_csv(paths[name], index=False)
-    marker = out / PARTIAL_MARKER
     if result.summary.get("partial"):
-        marker.write_text("This run was interrupted: its results cover only part of the "
-                          "measurement window.\n")
-    elif marker.exists():
-        marker.unlink()
+        (out / PARTIAL_MARKER).write_text("This run was interrupted: its results cover only "
+                                          "part of the measurement window.\n")
     return paths
 
 
