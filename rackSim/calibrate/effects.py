@@ -3,9 +3,11 @@
 Each effect compares a baseline and a variant of the default scenario (Hydra overrides on top
 of it), simulated with a short window: throughput and P90 interactivity of both, their ratios
 (variant / baseline), and, where the publication reports a direction, whether the model's ratio
-lies on the same side of 1. Seed-only effects measure the noise of a short window: a ratio
-closer to 1 than the largest seed-only change (per metric) is `within noise`, neither
-agreement nor disagreement.
+lies on the same side of 1, and where it reports a size, how large the model's change is
+against it (`size_vs_published`). Seed-only effects measure the noise of a short window, each
+on the scenario and metric of the effects it judges (the default scenario's tok/s per GPU, the
+prefill-only scenario's input tok/s per prefill GPU): a ratio closer to 1 than the largest
+seed-only change of its metric is `within noise`, neither agreement nor disagreement.
 Identical scenarios are simulated once. Nothing here asserts that the model agrees; `agrees`
 is reported: yes / no / within noise / empty (no published direction).
 """
@@ -32,7 +34,8 @@ PREFILL_ONLY = ("workload.replay.concurrency=256",
 EFFECT_COLUMNS = [
     "effect", "figure", "published", "baseline", "variant", "metric", "baseline_tok_s_gpu",
     "variant_tok_s_gpu", "throughput_ratio", "baseline_interactivity", "variant_interactivity",
-    "interactivity_ratio", "published_ratio", "agrees", "noise", "error"]
+    "interactivity_ratio", "published_ratio", "size_vs_published", "agrees", "noise", "error"]
+RATIOS = ("throughput_ratio", "interactivity_ratio")
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,14 @@ class Effect:
     noise: bool = False
 
 
+def size_vs_published(ratio: float, published_ratio: float) -> float:
+    """The model's change against the published one: (ratio - 1) / (published ratio - 1); 1 is
+    the published size, 3 a change three times as large (NaN without a published size)."""
+    if math.isnan(published_ratio) or published_ratio == 1.0:
+        return math.nan
+    return (ratio - 1.0) / (published_ratio - 1.0)
+
+
 def one_line(text: str) -> str:
     """A (possibly multi-line) error message on one line."""
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
@@ -65,7 +76,8 @@ def default_effects(cfg: RunConfig) -> list[Effect]:
     """The effect set at `cfg` (the default scenario): K1, K2, the prefill router (session
     affinity vs the least-work prefix_affinity, no published direction), DEP16 vs DEP32 with each
     all-reduce, C1, DEP4 vs DEP2 prefill and one lagged prefill rank (P1, P2), and two
-    seed-only variants whose ratios give the noise.
+    seed-only variants of the default and of the prefill-only scenario whose ratios give the
+    noise of each metric.
     Prefill layouts keep `cfg`'s prefill GPU count."""
     pub = figures.published_values()
     p = cfg.deployment.prefill
@@ -104,6 +116,9 @@ def default_effects(cfg: RunConfig) -> list[Effect]:
                metric="prefill"),
         *(Effect(f"noise: seed +{k}", (), (f"seed={cfg.seed + k}",), noise=True)
           for k in (1, 2)),
+        *(Effect(f"noise: prefill only, seed +{k}", prefill(2),
+                 (*prefill(2), f"seed={cfg.seed + k}"), metric="prefill", noise=True)
+          for k in (1, 2)),
     ]
 
 
@@ -128,7 +143,21 @@ def _verdict(change: float, want: int, noise: float) -> str:
     return "yes" if (change > 0) == (want > 0) else "no"
 
 
+def effect_noise(table: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Per metric of an effects table (EFFECT_COLUMNS), the largest change of each ratio
+    (RATIOS) among its seed-only rows of that metric; a metric without seed-only rows of its
+    own is judged by all the seed-only rows."""
+    seeds = table[table["noise"].astype(bool)]
+
+    def largest(sel: pd.DataFrame) -> dict[str, float]:
+        return {r: float((sel[r] - 1).abs().max()) if sel[r].notna().any() else 0.0
+                for r in RATIOS}
+    return {m: largest(seeds[seeds["metric"] == m] if (seeds["metric"] == m).any() else seeds)
+            for m in dict.fromkeys(table["metric"])}
+
+
 def _agrees(row: dict, e: Effect, rows: dict[str, dict], noise: dict[str, float]) -> str:
+    """The verdict of one effect against `noise`, the noise of its metric (per ratio)."""
     tp, it = row["throughput_ratio"], row["interactivity_ratio"]
     verdicts = [_verdict(r - 1, want, noise[m]) for r, want, m in (
         (tp, e.expect_throughput, "throughput_ratio"),
@@ -168,22 +197,23 @@ def run_effects(effects: Sequence[Effect], base: Sequence[str], window_s: float,
         mb = {} if error else metrics[b.model_dump_json()]
         mv = {} if error else metrics[v.model_dump_json()]
         nan = math.nan
+        ratio = mv.get(e.metric, nan) / mb.get(e.metric, nan)
         rows[e.name] = {
             "effect": e.name, "figure": e.figure, "published": e.published,
             "baseline": " ".join(e.baseline), "variant": " ".join(e.variant),
             "metric": e.metric, "baseline_tok_s_gpu": mb.get(e.metric, nan),
             "variant_tok_s_gpu": mv.get(e.metric, nan),
-            "throughput_ratio": mv.get(e.metric, nan) / mb.get(e.metric, nan),
+            "throughput_ratio": ratio,
             "baseline_interactivity": mb.get("interactivity", nan),
             "variant_interactivity": mv.get("interactivity", nan),
             "interactivity_ratio": mv.get("interactivity", nan) / mb.get("interactivity", nan),
-            "published_ratio": e.published_ratio, "noise": e.noise, "error": error}
-    noise = {m: max([abs(rows[e.name][m] - 1) for e in effects if e.noise
-                     and not math.isnan(rows[e.name][m])], default=0.0)
-             for m in ("throughput_ratio", "interactivity_ratio")}
+            "published_ratio": e.published_ratio,
+            "size_vs_published": size_vs_published(ratio, e.published_ratio),
+            "noise": e.noise, "error": error}
+    noise = effect_noise(pd.DataFrame(list(rows.values())))
     for e in effects:
         rows[e.name]["agrees"] = "" if rows[e.name]["error"] else _agrees(
-            rows[e.name], e, rows, noise)
+            rows[e.name], e, rows, noise[e.metric])
     return pd.DataFrame(list(rows.values()), columns=EFFECT_COLUMNS)
 
 

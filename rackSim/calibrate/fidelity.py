@@ -35,7 +35,7 @@ import pandas as pd
 import yaml
 
 from rackSim.calibrate import figures
-from rackSim.calibrate.effects import default_effects, one_line, run_effects
+from rackSim.calibrate.effects import default_effects, effect_noise, one_line, run_effects
 from rackSim.calibrate.fit import fit_table
 from rackSim.calibrate.loo import calibration_loo, figure_id
 from rackSim.calibrate.scenario import CALIBRATION
@@ -253,11 +253,13 @@ def summary(table: pd.DataFrame, effects: pd.DataFrame | None, **meta: Any) -> d
         def names(verdict: str) -> list[str]:
             return list(effects.loc[effects["agrees"] == verdict, "effect"])
 
-        seeds = effects[effects["noise"]]
+        sized = effects[effects["size_vs_published"].notna()]
         out["effects"] = {"rows": len(effects), "agree": names("yes"), "disagree": names("no"),
                           "within_noise": names("within noise"),
-                          "noise": {m: float((seeds[m] - 1).abs().max()) if len(seeds) else None
-                                    for m in ("throughput_ratio", "interactivity_ratio")},
+                          "noise": effect_noise(effects),
+                          "size_vs_published": dict(zip(sized["effect"],
+                                                        sized["size_vs_published"].astype(float),
+                                                        strict=True)),
                           "failed": list(effects.loc[effects["error"] != "", "effect"])}
     return out
 
@@ -333,6 +335,7 @@ def format_table(table: pd.DataFrame, effects: pd.DataFrame | None) -> str:
             "tok/s/GPU": effects["throughput_ratio"].map(lambda r: _fmt(r, "{:.3f}")),
             "interactivity": effects["interactivity_ratio"].map(lambda r: _fmt(r, "{:.3f}")),
             "published": effects["published_ratio"].map(lambda r: _fmt(r, "{:.3f}")),
+            "size": effects["size_vs_published"].map(lambda r: _fmt(r, "{:.1f}x")),
             "agrees": effects["agrees"],
             "error": effects["error"].str[:40]})
         parts += ["", "effects (variant / baseline ratios)", e.to_string(index=False)]

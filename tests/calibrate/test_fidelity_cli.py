@@ -46,7 +46,7 @@ def test_cli_writes_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert summ["complete"] is True and summ["num_gpus"] == 8
     assert summ["overrides"] == ["experiment=smoke"] and summ["headline_fit"] is None
     assert set(summ["timings_s"]) == {"headline_s", "effects_s", "total_s"}
-    assert summ["effects"]["noise"]["throughput_ratio"] == pytest.approx(
+    assert summ["effects"]["noise"]["throughput"]["throughput_ratio"] == pytest.approx(
         abs(eff.set_index("effect").loc["noise", "throughput_ratio"] - 1))
     captured = capsys.readouterr()
     printed = captured.out
