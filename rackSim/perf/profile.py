@@ -48,6 +48,21 @@ class Profile:
             return float(self.constants[key]["value"])
         raise ProfileError(f"profile '{self.name}' has no parameter '{key}'")
 
+    def require_model(self, model: str, label: str) -> None:
+        """Refuse to price `model` (a model spec's `name`) with a profile fitted for another
+        model (its `model` field): its constants are that model's shapes and its speeds that
+        model's kernels, so some parameters are missing and the rest price the wrong layers.
+        `label` names where the profile came from (the key or flag and its file)."""
+        fitted = self.meta.get("model")
+        if fitted is None or str(fitted) == model:
+            return
+        on = f" on {self.meta['hardware']}" if self.meta.get("hardware") else ""
+        raise ProfileInputError(
+            f"{label}: profile '{self.name}' was fitted for model {fitted}{on}, not for "
+            f"{model}; give {model}'s profile (calibration/<hardware>__<model>.yaml, fitted by "
+            f"`racksim-calibrate profile --model MODEL --hardware HARDWARE`), or run the model "
+            "the profile is for")
+
     def setting(self, key: str, default: Any = None) -> Any:
         return self.settings.get(key, default)
 

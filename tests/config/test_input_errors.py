@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from rackSim.calibrate.scenario import DEFAULT_PROFILE
+from rackSim.config import compose_scenario
 from rackSim.config.errors import (
     InputError,
     PoolInputError,
@@ -18,6 +20,7 @@ from rackSim.config.errors import (
 )
 from rackSim.config.loading import load_workload_file
 from rackSim.config.scenarios import check_overrides
+from rackSim.perf.calibrated import CalibratedStepModel
 from rackSim.perf.measured import Profile as MeasuredProfile
 from rackSim.perf.profile import Profile
 
@@ -90,7 +93,28 @@ def _racksim(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-@pytest.mark.parametrize("case", ["key", "profile", "pool", "trace", "silent window"])
+def test_a_profile_prices_only_the_model_it_was_fitted_for():
+    """A profile names the model it was fitted for; pricing another model with it ended in a
+    KeyError traceback (a parameter the other model needs is missing) or priced the wrong
+    layers with the parameters both happen to have."""
+    cfg = compose_scenario(["experiment=smoke"])
+    qwen = "calibration/gb300_nvl72__qwen3_235b_a22b.yaml"
+    other = Profile.load(qwen)
+    with pytest.raises(ProfileInputError, match=(
+            r"^the profile: profile 'gb300_nvl72__qwen3_235b_a22b' was fitted for model "
+            r"qwen3_235b_a22b on GB300-NVL72, not for DeepSeek-V4.1-Flash; give "
+            r"DeepSeek-V4.1-Flash's profile \(calibration/<hardware>__<model>.yaml")):
+        CalibratedStepModel(cfg, "decode", profile=other)
+    with pytest.raises(ProfileInputError, match=r"^perf.profile \S+qwen3_235b_a22b.yaml: "):
+        CalibratedStepModel(compose_scenario(["experiment=smoke", f"perf.profile={qwen}"]))
+    anonymous = Profile.load(qwen)
+    del anonymous.meta["model"]  # a profile that names no model is taken at its word
+    anonymous.require_model("DeepSeek-V4.1-Flash", "x")
+    Profile.load(DEFAULT_PROFILE).require_model(cfg.model.name, "x")
+
+
+@pytest.mark.parametrize("case", ["key", "profile", "other model's profile", "pool", "trace",
+                                  "silent window"])
 def test_racksim_ends_in_one_line_and_the_class_code(case, tmp_path):
     rows = [(0, 500), (1000, 400), (300_000, 500)]  # ms, tokens; nothing from 1 to 300 s
     files = {"profile": ("p.yaml", "format: x\n"),
@@ -102,6 +126,8 @@ def test_racksim_ends_in_one_line_and_the_class_code(case, tmp_path):
     overrides, code = {
         "key": (["deployment.decode.gpuz=3"], ScenarioError.exit_code),
         "profile": ([f"perf.profile={tmp_path / 'p.yaml'}"], ProfileInputError.exit_code),
+        "other model's profile": (["perf.profile=calibration/h200_hgx__qwen3_235b_a22b.yaml"],
+                                  ProfileInputError.exit_code),
         "pool": (["workload=imported_logs", f"workload.path={tmp_path / 'pool.jsonl'}"],
                  PoolInputError.exit_code),
         "trace": (["workload=mooncake_conversation", f"workload.path={tmp_path / 't.jsonl'}"],

@@ -41,7 +41,11 @@ def _cfg(model: str, *extra: str) -> RunConfig:
 
 
 def _profile() -> Profile:
-    return Profile.load(DEFAULT_PROFILE).with_values(ATTN)
+    """The reference profile's speeds plus ATTN's, standing in for any model's profile (so
+    it names no model: a profile that names one prices that model only)."""
+    p = Profile.load(DEFAULT_PROFILE).with_values(ATTN)
+    del p.meta["model"]
+    return p
 
 
 def _decode(reqs: list[int], ctx: list[float], step: int = 1) -> DecodeBatch:
