@@ -38,9 +38,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="context tokens per request (--explain)")
     ap.add_argument("--widths", type=whole_numbers_above(0), default=[4, 8, 16, 32, 64],
                     help="DEP widths, comma-separated (--explain; default 4,8,16,32,64)")
-    ap.add_argument("--hardware", choices=scenario_options("hardware"), default="gb300_nvl72",
+    ap.add_argument("--hardware", choices=scenario_options("hardware"), default=None,
                     metavar="HARDWARE",
-                    help="a scenarios/hardware/ option (--explain; default %(default)s)")
+                    help="a scenarios/hardware/ option (--explain; default: the GPU the "
+                         "profile was fitted for)")
     return ap
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rackSim.calibrate.scenario import operating_point
+from rackSim.calibrate.scenario import REFERENCE_MODEL, instance_point, profile_options
 from rackSim.perf.calibrated import CalibratedStepModel
 from rackSim.perf.profile import Profile
 from rackSim.perf.step import COMPONENTS, DecodeBatch
@@ -23,15 +23,15 @@ ALGORITHMS = ("ring", "recursive_doubling")
 
 def breakdown_table(profile: Profile, widths: list[int], requests_per_rank: int, context: int,
                     hardware: str = "gb300_nvl72", seed: int = 0,
-                    model: str = "deepseek_v4_1_flash") -> pd.DataFrame:
+                    model: str = REFERENCE_MODEL) -> pd.DataFrame:
     """One row per (width, EPLB on/off, all-reduce): ms per component, step, balancedness,
     tokens/s per user (accepted tokens per step / step) and output tokens/s per GPU."""
     rows = []
     for w in widths:
         for eplb in (False, True):
             for alg in ALGORITHMS:
-                cfg = operating_point(hardware=hardware, decode_gpus=w, eplb=eplb,
-                                      allreduce=alg, model=model)
+                cfg = instance_point("decode", w, hardware=hardware, eplb=eplb,
+                                     allreduce=alg, model=model)
                 step_model = CalibratedStepModel(cfg, "decode", seed=seed, profile=profile)
                 spec = cfg.deployment.decode.speculative
                 interval = cfg.deployment.eplb.interval_steps
@@ -54,13 +54,16 @@ def breakdown_table(profile: Profile, widths: list[int], requests_per_rank: int,
 
 
 def explain(profile_path: Path, widths: list[int], requests_per_rank: int = 64,
-            context: int = 131072, hardware: str = "gb300_nvl72") -> str:
+            context: int = 131072, hardware: str | None = None) -> str:
     """The decode step breakdown table at each DEP width of `widths`, priced by the profile
-    at `profile_path` (given as `--profile`: a ProfileInputError names that flag)."""
+    at `profile_path` (given as `--profile`: a ProfileInputError names that flag) for the
+    model it was fitted for, on `hardware` (None: the GPU it was fitted for)."""
     profile = Profile.load(profile_path, "--profile")
-    df = breakdown_table(profile, widths, requests_per_rank, context, hardware)
-    head = (f"decode step breakdown (ms) on {hardware}, {requests_per_rank} requests/rank, "
-            f"{context} context tokens/request, profile {profile_path}")
+    model, fitted_on = profile_options(profile)
+    hardware = hardware or fitted_on or "gb300_nvl72"
+    df = breakdown_table(profile, widths, requests_per_rank, context, hardware, model=model)
+    head = (f"decode step breakdown (ms) of {model} on {hardware}, {requests_per_rank} "
+            f"requests/rank, {context} context tokens/request, profile {profile_path}")
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         body = df.to_string(index=False, float_format=lambda v: f"{v:.3f}")
     return head + "\n" + body

@@ -35,7 +35,12 @@ import numpy as np
 import pandas as pd
 
 from rackSim.calibrate import aic, figures
-from rackSim.calibrate.scenario import DEFAULT_PROFILE, operating_point
+from rackSim.calibrate.scenario import (
+    DEFAULT_PROFILE,
+    REFERENCE_MODEL,
+    instance_point,
+    profile_options,
+)
 from rackSim.config.flags import output_file, whole_numbers_above
 from rackSim.config.scenarios import scenario_options
 from rackSim.perf.calibrated import CalibratedStepModel
@@ -171,10 +176,11 @@ def model_step(model: CalibratedStepModel, c: Chunk, ranks: int) -> dict[str, fl
     return {**b.as_dict(), "step_ms": b.total_ms}
 
 
-def steady_balancedness(profile: Profile, ranks: int, hardware: str) -> float:
+def steady_balancedness(profile: Profile, ranks: int, hardware: str,
+                        model: str = REFERENCE_MODEL) -> float:
     """Target-model balancedness of an n-rank prefill instance half-way between two EPLB
     rearrangements (steady state, no copies in flight)."""
-    cfg = operating_point(hardware=hardware, prefill_gpus=ranks)
+    cfg = instance_point("prefill", ranks, hardware=hardware, model=model)
     interval = cfg.deployment.eplb.interval_steps
     return CalibratedStepModel(cfg, "prefill", profile=profile).balancedness(
         2 * interval + interval // 2)[0]
@@ -197,27 +203,35 @@ def aic_engines(widths: Sequence[int]) -> tuple[dict[int, object], str]:
 
 def prefill_table(profile: Profile, widths: Sequence[int] = WIDTHS,
                   cached: Sequence[int] = CACHED, new: Sequence[int] = NEW,
-                  hardware: str = "gb300_nvl72", use_aic: bool = True
-                  ) -> tuple[pd.DataFrame, str]:
-    """One row per (width, cached, new): uncached tokens/s per GPU from the model, the
-    tables and aiconfigurator, and the model's mean step breakdown (ms). Also returns why a
-    column is missing (empty if none is)."""
+                  hardware: str = "gb300_nvl72", use_aic: bool = True,
+                  model: str = REFERENCE_MODEL) -> tuple[pd.DataFrame, str]:
+    """One row per (width, cached, new): uncached tokens/s per GPU of `model` from the model,
+    the tables and aiconfigurator (both price the reference model's layers only), and the
+    model's mean step breakdown (ms). Also returns why a column is missing (empty if none
+    is)."""
+    if use_aic and model != REFERENCE_MODEL:
+        use_aic = False
+        why = (f"the kernel-table and aiconfigurator columns price {AIC_MODEL}'s layers, "
+               f"not {model}'s")
+    else:
+        why = ""
     root = aic.aic_root() if use_aic else None
     tables = KernelTables(root) if root is not None else None
-    engines, why = aic_engines(widths) if use_aic else ({}, "aiconfigurator-core not used")
+    engines, why = aic_engines(widths) if use_aic else ({}, why or "aiconfigurator-core not used")
     if tables is None and not why:
         why = "aiconfigurator-core is not installed (optional extra 'aic')"
     rows = []
     for w in widths:
-        cfg = operating_point(hardware=hardware, prefill_gpus=w)
-        b = steady_balancedness(profile, w, hardware)
-        model = CalibratedStepModel(cfg, "prefill", profile=profile, balancedness=(b, 1.0))
+        cfg = instance_point("prefill", w, hardware=hardware, model=model)
+        b = steady_balancedness(profile, w, hardware, model)
+        step_model = CalibratedStepModel(cfg, "prefill", profile=profile,
+                                         balancedness=(b, 1.0))
         budget = cfg.deployment.prefill.max_num_batched_tokens
         for c_tok in cached:
             for n_tok in new:
                 chunks = step_chunks(c_tok, n_tok, budget)
                 tokens = sum(c.requests * c.tokens for c in chunks)
-                steps = pd.DataFrame([model_step(model, c, w) for c in chunks])
+                steps = pd.DataFrame([model_step(step_model, c, w) for c in chunks])
                 row = {"width": w, "cached": c_tok, "new": n_tok,
                        "requests_per_rank": chunks[0].requests, "steps": len(chunks),
                        "balancedness": b,
@@ -225,7 +239,7 @@ def prefill_table(profile: Profile, widths: Sequence[int] = WIDTHS,
                        "tables_tok_s_gpu": np.nan, "aic_tok_s_gpu": np.nan,
                        **steps.mean().to_dict()}
                 if tables is not None:
-                    ms = sum(tables_step_ms(tables, model, c, w) for c in chunks)
+                    ms = sum(tables_step_ms(tables, step_model, c, w) for c in chunks)
                     row["tables_tok_s_gpu"] = tokens / ms * 1e3
                 if w in engines:
                     ms = sum(engines[w].predict_prefill_latency(
@@ -250,9 +264,10 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"cached tokens per request (default: {_listed(CACHED)})")
     ap.add_argument("--new", type=whole_numbers_above(0), default=list(NEW),
                     help=f"new (uncached) tokens per request (default: {_listed(NEW)})")
-    ap.add_argument("--hardware", choices=scenario_options("hardware"), default="gb300_nvl72",
+    ap.add_argument("--hardware", choices=scenario_options("hardware"), default=None,
                     metavar="HARDWARE",
-                    help="a scenarios/hardware/ option (default: %(default)s)")
+                    help="a scenarios/hardware/ option (default: the GPU the profile was "
+                         "fitted for)")
     ap.add_argument("--no-aic", action="store_true",
                     help="leave out the kernel-table and aiconfigurator columns")
     ap.add_argument("--out", type=output_file, default=None,
@@ -266,10 +281,13 @@ COLUMNS = ["width", "cached", "new", "requests_per_rank", "step_ms", "moe", "att
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    df, why = prefill_table(Profile.load(args.profile, "--profile"), args.widths,
-                            args.cached, args.new, args.hardware, not args.no_aic)
-    print(f"prefill throughput per GPU (uncached tokens/s), profile {args.profile}; step parts "
-          "in ms (model, mean per step)")
+    profile = Profile.load(args.profile, "--profile")
+    model, fitted_on = profile_options(profile)
+    hardware = args.hardware or fitted_on or "gb300_nvl72"
+    df, why = prefill_table(profile, args.widths, args.cached, args.new, hardware,
+                            not args.no_aic, model)
+    print(f"prefill throughput per GPU (uncached tokens/s) of {model} on {hardware}, profile "
+          f"{args.profile}; step parts in ms (model, mean per step)")
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(df[COLUMNS].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     if why:

@@ -8,20 +8,25 @@ from typing import Any
 
 import yaml
 
-from rackSim.config.loading import load_run_config
-from rackSim.config.specs import RunConfig
+from rackSim.config.errors import ProfileInputError
+from rackSim.config.loading import ConfigError, load_run_config
+from rackSim.config.scenarios import scenario_options
+from rackSim.config.specs import ModelSpec, RunConfig
+from rackSim.perf.profile import Profile
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"
 CALIBRATION = ROOT / "calibration"
 DEFAULT_PROFILE = CALIBRATION / "gb300__deepseek_v4_1_flash.yaml"
+#: the model DEFAULT_PROFILE is fitted for (a `scenarios/model/` option)
+REFERENCE_MODEL = "deepseek_v4_1_flash"
 
 
 def profile_path(hardware: str, model: str) -> Path:
     """The calibration profile of a GPU x model pair: `calibration/<hardware>__<model>.yaml`
     (`racksim-calibrate profile` writes these), the reference pair's own profile for it."""
     path = CALIBRATION / f"{hardware}__{model}.yaml"
-    if (hardware, model) == ("gb300_nvl72", "deepseek_v4_1_flash"):
+    if (hardware, model) == ("gb300_nvl72", REFERENCE_MODEL):
         return DEFAULT_PROFILE
     if not path.exists():
         raise FileNotFoundError(f"no calibration profile {path.name} in calibration/; fit one "
@@ -30,15 +35,41 @@ def profile_path(hardware: str, model: str) -> Path:
     return path
 
 
+def profile_options(profile: Profile, label: str = "--profile") -> tuple[str, str | None]:
+    """The `scenarios/` model and hardware options a profile was fitted for (by the model
+    and hardware names it records): (model, hardware or None if it names no hardware option).
+    A profile that names no model is the reference model's; one whose model no
+    `scenarios/model/` option describes is refused (ProfileInputError naming `label`)."""
+    def option(group: str, name: object) -> str | None:
+        return next((o for o in scenario_options(group)
+                     if str(_read(group, o).get("name")) == str(name)), None)
+
+    model = profile.meta.get("model")
+    found = option("model", model) if model is not None else REFERENCE_MODEL
+    if found is None:
+        raise ProfileInputError(
+            f"{label}: profile '{profile.name}' was fitted for model {model}, which no "
+            f"scenarios/model/ option describes; add its spec (`racksim-calibrate model "
+            f"config.json`) or give another profile")
+    hardware = profile.meta.get("hardware")
+    return found, option("hardware", hardware) if hardware is not None else None
+
+
 def model_adjustments(model: str) -> tuple[str, dict[str, Any]]:
     """What a scenario built for the reference model must change for `model`: the workload
     option and dotted key -> value changes. No speculative decoding without a draft model; a
     model whose context window is smaller than the AgentX workload's (whose compaction needs
-    its full window) gets the synthetic workload capped at its window. The reference model
-    keeps everything."""
+    its full window) gets the synthetic workload capped at its window; a model whose spec
+    states the precision it is served in (`gemm_dtype`, as `racksim-calibrate model` writes
+    it, with the `provenance` of each value) runs its experts at that precision
+    (`perf.weight_dtype`, as its profile's `scenario_needs` says), not at the reference's
+    MXFP4. The reference model keeps everything."""
     spec = _read("model", model)
     workload = default_choice("workload")
     out: dict[str, Any] = {}
+    if "provenance" in spec:
+        out["perf.weight_dtype"] = spec.get("gemm_dtype",
+                                            ModelSpec.model_fields["gemm_dtype"].default)
     if not spec.get("draft"):
         out["deployment.decode.speculative.num_draft_tokens"] = 0
         out["deployment.decode.speculative.accepted_tokens_per_step"] = 1.0
@@ -82,7 +113,7 @@ def _read(group: str, name: str) -> dict[str, Any]:
 def operating_point(*, hardware: str = "gb300_nvl72", decode_gpus: int = 32,
                     prefill_gpus: int = 2, eplb: bool = True, redundant_experts: int = 0,
                     allreduce: str = "recursive_doubling", profile: Path | None = None,
-                    model: str = "deepseek_v4_1_flash",
+                    model: str = REFERENCE_MODEL,
                     deployment: str = "agentx_p8_dep32", parallelism: str = "DEP") -> RunConfig:
     """A validated RunConfig for one layout: one prefill instance of `prefill_gpus` GPUs and
     one decode instance of `decode_gpus` GPUs (so any DEP width up to 64 fits one rack), both
@@ -103,3 +134,21 @@ def operating_point(*, hardware: str = "gb300_nvl72", decode_gpus: int = 32,
             "pricing": _read("pricing", default_choice("pricing")), "perf": perf, "progress": False}
     _apply(tree, dotted)
     return load_run_config(tree)
+
+
+def instance_point(role: str, gpus: int, *, hardware: str, model: str = REFERENCE_MODEL,
+                   **layout: Any) -> RunConfig:
+    """`operating_point` for pricing one instance, `role` 'prefill' or 'decode', of `gpus`
+    GPUs: beside it the narrowest instance of the other role (2, 4 or 8 GPUs) that holds the
+    model's weights and fits the rack. That one is not priced; the scenario only needs it to
+    validate. The last layout's ConfigError if none fits (the instance alone may not)."""
+    error: ConfigError | None = None
+    for other in (2, 4, 8):
+        widths = ({"decode_gpus": gpus, "prefill_gpus": other} if role == "decode"
+                  else {"prefill_gpus": gpus, "decode_gpus": other})
+        try:
+            return operating_point(hardware=hardware, model=model, **widths, **layout)
+        except ConfigError as err:
+            error = err
+    assert error is not None
+    raise error

@@ -52,6 +52,20 @@ def test_explain_flags_out_of_range_are_usage_errors(flag, value, expect, capsys
     assert expect in captured.err and captured.out == ""
 
 
+def test_explain_prices_the_model_and_gpu_its_profile_was_fitted_for(capsys):
+    """A generated model's profile priced DeepSeek-V4.1-Flash's layers (a ProfileError
+    traceback: the profile has no V4 attention constants)."""
+    assert main(["--explain", "--profile", "calibration/gb200_nvl72__deepseek_v3.yaml",
+                 "--widths", "8,64", "--requests-per-rank", "16", "--context", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("decode step breakdown (ms) of deepseek_v3 on gb200_nvl72, ")
+    assert out.count("recursive_doubling") == 4
+    # the same profile on another GPU, when asked
+    assert main(["--explain", "--profile", "calibration/gb200_nvl72__deepseek_v3.yaml",
+                 "--hardware", "gb300_nvl72", "--widths", "8"]) == 0
+    assert "of deepseek_v3 on gb300_nvl72" in capsys.readouterr().out
+
+
 def test_explain_width_that_does_not_fit_the_rack_names_it(capsys):
     assert main(["--explain", "--widths", "128"]) == 2
     err = capsys.readouterr().err

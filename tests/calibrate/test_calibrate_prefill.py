@@ -108,6 +108,24 @@ def test_cli_prints_and_writes_csv(tmp_path: Path, capsys: pytest.CaptureFixture
     assert set(COLUMNS) <= set(df.columns) and len(df) == 1
 
 
+def test_cli_prices_the_model_of_a_generated_profile(capsys: pytest.CaptureFixture[str]
+                                                    ) -> None:
+    """The kernel-table and aiconfigurator columns price DeepSeek-V4-Flash's layers: for
+    another model's profile they are left out, saying why, and the model column prices that
+    model (its 8-GPU instance beside the 2-GPU decode instance that fits the rack)."""
+    assert main(["prefill", "--profile", "calibration/gb200_nvl72__deepseek_v3.yaml",
+                 "--widths", "8", "--cached", "0", "--new", "2000"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("prefill throughput per GPU (uncached tokens/s) of deepseek_v3 on "
+                          "gb200_nvl72")
+    assert ("missing columns: the kernel-table and aiconfigurator columns price "
+            "deepseek-ai/DeepSeek-V4-Flash's layers, not deepseek_v3's") in out
+    df, why = prefill_table(Profile.load("calibration/gb200_nvl72__deepseek_v3.yaml"), [8],
+                            [0], [2000], "gb200_nvl72", True, "deepseek_v3")
+    assert df["tables_tok_s_gpu"].isna().all() and df["aic_tok_s_gpu"].isna().all()
+    assert (df["model_tok_s_gpu"] > 0).all() and "not deepseek_v3's" in why
+
+
 def test_cli_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["prefill", "--help"])
