@@ -19,7 +19,6 @@ from omegaconf import DictConfig
 
 from rackSim.config.scenarios import SCENARIOS_DIR
 
-EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
 
@@ -86,28 +85,25 @@ def run() -> None:
 def _plan(tree: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
+    from rackSim.config.errors import InputError
     from rackSim.plan.command import run_plan, shown_rows, write_plan
     from rackSim.plan.confirm import ConfirmError
-    from rackSim.plan.inputs import PlanError, load_plan_inputs
+    from rackSim.plan.inputs import load_plan_inputs
     from rackSim.report.plan_table import format_plan, plan_table
 
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)
     try:
         inputs = load_plan_inputs(tree)
-    except PlanError as err:
-        print(f"racksim-plan: {err}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
-    try:
         result = run_plan(inputs, out, list(hc.overrides.task))
     except KeyboardInterrupt:
         print(f"racksim-plan: interrupted; no plan written. To go on, run the same command "
               f"with hydra.run.dir={out}: candidates already simulated are not simulated "
               "again", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
-    except PlanError as err:
+    except InputError as err:  # the question (PlanError) or a file it reads (a profile)
         print(f"racksim-plan: {err}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
+        sys.exit(err.exit_code)
     except ConfirmError as err:
         print(f"racksim-plan: {err}", file=sys.stderr)
         sys.exit(1)

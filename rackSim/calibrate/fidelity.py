@@ -40,7 +40,7 @@ from rackSim.calibrate.fit import fit_table
 from rackSim.calibrate.loo import calibration_loo, figure_id
 from rackSim.calibrate.scenario import CALIBRATION
 from rackSim.config import RunConfig, compose_scenario
-from rackSim.config.errors import ScenarioError
+from rackSim.config.errors import InputError, ScenarioError
 from rackSim.config.flags import positive_float, positive_int, unwritable
 from rackSim.perf.profile import Profile
 from rackSim.report.fidelity_plots import plot_fidelity
@@ -61,7 +61,7 @@ TABLE_COLUMNS = [
     "refit_predicted", "loo_note"]
 
 
-class FidelityError(ValueError):
+class FidelityError(ScenarioError):
     """Bad input to racksim-fidelity; the message names the option or file."""
 
 
@@ -265,7 +265,6 @@ def summary(table: pd.DataFrame, effects: pd.DataFrame | None, **meta: Any) -> d
 
 
 # -- command ---------------------------------------------------------------------------------
-EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
 
@@ -306,10 +305,10 @@ def _reference(args: argparse.Namespace) -> tuple[RunConfig, Profile]:
     if cfg.perf.profile is None:
         raise FidelityError("perf.profile: the scenario has no calibration profile "
                             f"(perf.model={cfg.perf.model})")
-    try:
-        return cfg, Profile.load(cfg.perf.profile)
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as err:
-        raise FidelityError(f"{cfg.perf.profile}: not a calibration profile ({err})") from err
+    label = f"perf.profile {cfg.perf.profile}"
+    profile = Profile.load(cfg.perf.profile, "perf.profile")  # names the file and the fix
+    profile.require_model(cfg.model.name, label)
+    return cfg, profile
 
 
 def _fmt(v: Any, fmt: str = "{:.4g}", text: str = "") -> str:
@@ -410,15 +409,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = _check(args)
         cfg, profile = _reference(args)
-    except FidelityError as err:
+    except InputError as err:  # an option (FidelityError), the scenario or its profile
         print(f"racksim-fidelity: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return err.exit_code
     t0 = time.perf_counter()
     try:
         table, effects, summ = run(args, cfg, profile)
-    except FidelityError as err:
+    except InputError as err:
         print(f"racksim-fidelity: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return err.exit_code
     except KeyboardInterrupt:
         print("racksim-fidelity: interrupted; nothing written", file=sys.stderr)
         return EXIT_INTERRUPTED

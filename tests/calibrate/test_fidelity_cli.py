@@ -14,7 +14,9 @@ import pytest
 from rackSim.calibrate import effects as fx
 from rackSim.calibrate import fidelity
 from rackSim.calibrate.effects import Effect
+from rackSim.calibrate.fidelity import FidelityError
 from rackSim.calibrate.figures import read_figures
+from rackSim.config.errors import ProfileInputError
 
 FAST = ["--override", "experiment=smoke", "--window-s", "5", "--effects-window-s", "5",
         "--jobs", "1", "--no-loo"]
@@ -68,7 +70,7 @@ def test_bad_numbers_are_usage_errors(args: list[str], expect: str, tmp_path: Pa
                                       capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as ex:
         fidelity.main([*args, "--out", str(tmp_path / "o")])
-    assert ex.value.code == fidelity.EXIT_BAD_INPUT and expect in capsys.readouterr().err
+    assert ex.value.code == 2 and expect in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 
@@ -81,24 +83,43 @@ def test_bad_numbers_are_usage_errors(args: list[str], expect: str, tmp_path: Pa
 ])
 def test_bad_input_one_line_and_exit_2(args: list[str], expect: str, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
-    assert fidelity.main([*args, "--out", str(tmp_path / "o")]) == fidelity.EXIT_BAD_INPUT
+    assert fidelity.main([*args, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("racksim-fidelity: ") and expect in err and "\n" not in err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("profile", "expect"), [
+    ("not_a_profile", "no 'name' field, so this is not a calibration profile"),
+    ("calibration/h200_hgx__qwen3_235b_a22b.yaml",
+     "profile 'h200_hgx__qwen3_235b_a22b' was fitted for model qwen3_235b_a22b"),
+])
+def test_a_profile_that_cannot_price_the_scenario_is_the_profile_class(
+        profile: str, expect: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both ended in a traceback (exit 1): a file that is not a profile, and another model's
+    profile, which the scenario only met once the run priced its first step."""
+    if profile == "not_a_profile":
+        profile = str(tmp_path / "p.yaml")
+        Path(profile).write_text("format: x\n")
+    argv = ["--override", f"perf.profile={profile}", "--no-loo", "--no-effects"]
+    assert fidelity.main([*argv, "--out", str(tmp_path / "o")]) == ProfileInputError.exit_code
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("racksim-fidelity: perf.profile ") and expect in err
+    assert "\n" not in err and not (tmp_path / "o").exists()
 
 
 def test_out_under_a_file_or_unwritable(tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    assert fidelity.main(["--out", str(blocker / "sub")]) == fidelity.EXIT_BAD_INPUT
+    assert fidelity.main(["--out", str(blocker / "sub")]) == FidelityError.exit_code
     assert "--out" in capsys.readouterr().err
-    assert fidelity.main(["--out", str(blocker)]) == fidelity.EXIT_BAD_INPUT
+    assert fidelity.main(["--out", str(blocker)]) == FidelityError.exit_code
     assert "not a directory" in capsys.readouterr().err
     if os.geteuid() != 0:  # root may write anywhere
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o555)
-        assert fidelity.main(["--out", str(locked / "r")]) == fidelity.EXIT_BAD_INPUT
+        assert fidelity.main(["--out", str(locked / "r")]) == FidelityError.exit_code
         assert "is not writable" in capsys.readouterr().err
 
 
@@ -107,7 +128,7 @@ def test_bad_headline_fit_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     bad = tmp_path / "headline_fit.yaml"
     bad.write_text("loo: {H1: {note: no value}}\n")
     monkeypatch.setattr(fidelity, "HEADLINE_FIT", bad)
-    assert fidelity.main([*FAST, "--out", str(tmp_path / "o")]) == fidelity.EXIT_BAD_INPUT
+    assert fidelity.main([*FAST, "--out", str(tmp_path / "o")]) == FidelityError.exit_code
     assert "headline_fit.yaml" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 

@@ -90,6 +90,25 @@ def test_cli_refuses_before_running(tmp_path, overrides, says):
     assert not (tmp_path / "plan.html").exists() and not (tmp_path / "candidates").exists()
 
 
+@pytest.mark.parametrize("profile, says", [
+    ("bad", "perf.profile {bad}: no 'name' field, so this is not a calibration profile"),
+    ("calibration/h200_hgx__qwen3_235b_a22b.yaml",
+     "profile 'h200_hgx__qwen3_235b_a22b' was fitted for model qwen3_235b_a22b"),
+])
+def test_a_profile_that_cannot_price_the_plan_is_the_profile_class(tmp_path, profile, says):
+    """Both ended in a ProfileInputError traceback from the screen (exit 1)."""
+    bad = tmp_path / "p.yaml"
+    bad.write_text("format: x\n")
+    run = subprocess.run(
+        [sys.executable, "-c", "from rackSim.cli import plan; plan()", *SMALL,
+         f"perf.profile={bad if profile == 'bad' else profile}",
+         f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 3, run.stderr  # the calibration profile class
+    assert run.stderr.startswith("racksim-plan: perf.profile ") and "Traceback" not in run.stderr
+    assert says.format(bad=bad) in run.stderr
+    assert not (tmp_path / "run" / "plan.html").exists()
+
+
 def test_every_layout_refused_names_each_reason_once(tmp_path):
     inputs = compose_plan(SMALL + ["plan.space.decode_gpus=[5]", "plan.space.colocated_gpus=[5,7]"])
     with pytest.raises(PlanError) as err:
