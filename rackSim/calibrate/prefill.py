@@ -209,15 +209,13 @@ def prefill_table(profile: Profile, widths: Sequence[int] = WIDTHS,
     the tables and aiconfigurator (both price the reference model's layers only), and the
     model's mean step breakdown (ms). Also returns why a column is missing (empty if none
     is)."""
+    unused = "aiconfigurator-core not used"
     if use_aic and model != REFERENCE_MODEL:
-        use_aic = False
-        why = (f"the kernel-table and aiconfigurator columns price {AIC_MODEL}'s layers, "
-               f"not {model}'s")
-    else:
-        why = ""
+        use_aic, unused = False, (f"the kernel-table and aiconfigurator columns price "
+                                  f"{AIC_MODEL}'s layers, not {model}'s")
     root = aic.aic_root() if use_aic else None
     tables = KernelTables(root) if root is not None else None
-    engines, why = aic_engines(widths) if use_aic else ({}, why or "aiconfigurator-core not used")
+    engines, why = aic_engines(widths) if use_aic else ({}, unused)
     if tables is None and not why:
         why = "aiconfigurator-core is not installed (optional extra 'aic')"
     rows = []
