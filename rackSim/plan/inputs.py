@@ -19,6 +19,7 @@ from rackSim.config import SCENARIOS_DIR, ConfigError, load_run_config, scenario
 from rackSim.config.errors import ScenarioError
 from rackSim.config.loading import describe_fields
 from rackSim.config.specs import HardwareSpec, RunConfig, resolve_path
+from rackSim.perf.profile import Profile
 from rackSim.plan.layout import RackLayout, smallest_layouts
 from rackSim.plan.spec import PlanSpec, Space
 
@@ -89,6 +90,11 @@ def load_plan_inputs(tree: Mapping[str, Any] | DictConfig) -> PlanInputs:
             problems = unfit_space(plan.space, rack_gpus)
     if problems:
         raise PlanError("invalid plan:\n" + "\n".join(problems))
+    for i, opt in enumerate(plan.hardware):  # each prices the plan's model (profile class)
+        if opt.profile is not None:
+            field = f"plan.hardware[{i}].profile"
+            Profile.load(resolve_path(opt.profile), field).require_model(
+                scenario.model.name, f"{field} {opt.profile}")
     return PlanInputs(plan, scenario, hardware)
 
 

@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 from plan_support import SMALL, compose_plan, compose_tree
 
+from rackSim.config.errors import ProfileInputError
 from rackSim.plan.command import run_plan, scenario_overrides, write_plan
 from rackSim.plan.confirm import _run_sweep
-from rackSim.plan.inputs import PlanError
+from rackSim.plan.inputs import PlanError, load_plan_inputs
 from rackSim.report.plan_table import format_plan
 
 
@@ -60,8 +61,6 @@ def test_a_space_with_no_layout_that_fits_a_rack_names_its_fields():
 
 def test_no_plan_chosen_says_how_to_pick_one():
     with pytest.raises(PlanError, match="plan=agentx_reference"):
-        from rackSim.plan.inputs import load_plan_inputs
-
         load_plan_inputs(compose_tree([]))
 
 
@@ -96,7 +95,9 @@ def test_cli_refuses_before_running(tmp_path, overrides, says):
      "profile 'h200_hgx__qwen3_235b_a22b' was fitted for model qwen3_235b_a22b"),
 ])
 def test_a_profile_that_cannot_price_the_plan_is_the_profile_class(tmp_path, profile, says):
-    """Both ended in a ProfileInputError traceback from the screen (exit 1)."""
+    """Both ended in a ProfileInputError traceback from the screen (exit 1). A hardware
+    option's own profile is checked with the plan, before the screen, and named by its
+    field."""
     bad = tmp_path / "p.yaml"
     bad.write_text("format: x\n")
     run = subprocess.run(
@@ -107,6 +108,10 @@ def test_a_profile_that_cannot_price_the_plan_is_the_profile_class(tmp_path, pro
     assert run.stderr.startswith("racksim-plan: perf.profile ") and "Traceback" not in run.stderr
     assert says.format(bad=bad) in run.stderr
     assert not (tmp_path / "run" / "plan.html").exists()
+    option = [o for o in SMALL if o.startswith("plan.hardware=")][0]
+    with_profile = option.replace("}]", f", profile: {bad if profile == 'bad' else profile}}}]")
+    with pytest.raises(ProfileInputError, match=r"^plan.hardware\[0\].profile "):
+        load_plan_inputs(compose_tree([*SMALL, with_profile]))
 
 
 def test_every_layout_refused_names_each_reason_once(tmp_path):
