@@ -70,6 +70,24 @@ def test_committed_profile_records_provenance_and_held_out_errors() -> None:
     assert data["scenario_needs"] == "perf.weight_dtype=fp8"
 
 
+def test_committed_profiles_carry_the_reference_profiles_current_values() -> None:
+    """What no kernel table measures a generated profile carries from the reference profile,
+    saying so in its source; the reference's refit of 2026-12-02 had left all 14 generated
+    profiles with its earlier values (dense_kernel_us 27.4 instead of 35.3 us, ...). A refit
+    of the reference fails this until `racksim-calibrate profile` is run again for each."""
+    ref = Profile.load(tp.CALIBRATION / "gb300__deepseek_v4_1_flash.yaml")
+    carried = 0
+    for path in sorted(tp.CALIBRATION.glob("*__*.yaml")):
+        p = Profile.load(path) if "model" in yaml.safe_load(path.read_text()) else None
+        if p is None or p.name == ref.name:
+            continue
+        for key, rec in {**p.params, **p.constants}.items():
+            if str(rec.get("source", "")).startswith("ASSUMED: carried from " + ref.name):
+                assert rec["value"] == ref.value(key), (path.name, key)
+                carried += 1
+    assert carried >= 14 * 10
+
+
 @pytest.mark.parametrize("model, hardware, expect", [
     ("deepseek_v4_1_flash", "h200_hgx", ["no 'attention' section", "racksim-calibrate"]),
     ("llama_9000", "h200_hgx", ["--model llama_9000", "meta_llama_3_1_70b"]),
