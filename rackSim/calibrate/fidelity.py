@@ -305,9 +305,8 @@ def _reference(args: argparse.Namespace) -> tuple[RunConfig, Profile]:
     if cfg.perf.profile is None:
         raise FidelityError("perf.profile: the scenario has no calibration profile "
                             f"(perf.model={cfg.perf.model})")
-    label = f"perf.profile {cfg.perf.profile}"
     profile = Profile.load(cfg.perf.profile, "perf.profile")  # names the file and the fix
-    profile.require_model(cfg.model.name, label)
+    profile.require_model(cfg.model.name)
     return cfg, profile
 
 

@@ -133,8 +133,7 @@ class CalibratedStepModel:
         p = profile if profile is not None else load_profile(cfg)
         self.profile = p
         m, hw, d = cfg.model, cfg.hardware, cfg.deployment
-        p.require_model(m.name, f"perf.profile {cfg.perf.profile}" if profile is None
-                        else "the profile")
+        p.require_model(m.name)
         if role == "colocated" and d.colocated is None:
             raise ValueError("deployment.colocated: a colocated step model needs the "
                              "colocated layout")

@@ -39,6 +39,9 @@ class Profile:
     residuals: list[dict[str, Any]] = field(default_factory=list)
     kernel_fit: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: where it was read from, as messages name it ('perf.profile calibration/x.yaml'; empty
+    #: for a profile built in memory); not part of the file
+    origin: str = field(default="", compare=False)
 
     def value(self, key: str) -> float:
         """A fitted parameter or a constant, as float."""
@@ -48,17 +51,18 @@ class Profile:
             return float(self.constants[key]["value"])
         raise ProfileError(f"profile '{self.name}' has no parameter '{key}'")
 
-    def require_model(self, model: str, label: str) -> None:
+    def require_model(self, model: str) -> None:
         """Refuse to price `model` (a model spec's `name`) with a profile fitted for another
         model (its `model` field): its constants are that model's shapes and its speeds that
         model's kernels, so some parameters are missing and the rest price the wrong layers.
-        `label` names where the profile came from (the key or flag and its file)."""
+        The message names where the profile came from (`origin`)."""
         fitted = self.meta.get("model")
         if fitted is None or str(fitted) == model:
             return
         on = f" on {self.meta['hardware']}" if self.meta.get("hardware") else ""
         raise ProfileInputError(
-            f"{label}: profile '{self.name}' was fitted for model {fitted}{on}, not for "
+            f"{self.origin or 'a profile'}: profile '{self.name}' was fitted for model "
+            f"{fitted}{on}, not for "
             f"{model}; give {model}'s profile (calibration/<hardware>__<model>.yaml, fitted by "
             f"`racksim-calibrate profile --model MODEL --hardware HARDWARE`), or run the model "
             "the profile is for")
@@ -81,7 +85,8 @@ class Profile:
             params.setdefault(k, {"unit": "", "fitted_to": [], "source": "fit in progress"})
             params[k]["value"] = float(v)
         return Profile(self.name, params, dict(self.constants), dict(self.settings),
-                       list(self.residuals), dict(self.kernel_fit), dict(self.meta))
+                       list(self.residuals), dict(self.kernel_fit), dict(self.meta),
+                       self.origin)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, **self.meta, "constants": self.constants,
@@ -111,7 +116,8 @@ class Profile:
         return cls(name=data["name"], params=data.get("params") or {},
                    constants=data.get("constants") or {}, settings=data.get("settings") or {},
                    residuals=data.get("residuals") or [], kernel_fit=data.get("kernel_fit") or {},
-                   meta={k: v for k, v in data.items() if k not in known})
+                   meta={k: v for k, v in data.items() if k not in known},
+                   origin=f"{label} {path}")
 
 
 def read_profile_yaml(path: str | Path, label: str = "perf.profile") -> dict[str, Any]:

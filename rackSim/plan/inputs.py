@@ -92,9 +92,8 @@ def load_plan_inputs(tree: Mapping[str, Any] | DictConfig) -> PlanInputs:
         raise PlanError("invalid plan:\n" + "\n".join(problems))
     for i, opt in enumerate(plan.hardware):  # each prices the plan's model (profile class)
         if opt.profile is not None:
-            field = f"plan.hardware[{i}].profile"
-            Profile.load(resolve_path(opt.profile), field).require_model(
-                scenario.model.name, f"{field} {opt.profile}")
+            Profile.load(resolve_path(opt.profile), f"plan.hardware[{i}].profile"
+                         ).require_model(scenario.model.name)
     return PlanInputs(plan, scenario, hardware)
 
 

@@ -66,6 +66,15 @@ def test_explain_prices_the_model_and_gpu_its_profile_was_fitted_for(capsys):
     assert "of deepseek_v3 on gb300_nvl72" in capsys.readouterr().out
 
 
+def test_headline_with_another_models_profile_names_the_flag(capsys):
+    """It ended in a ProfileError traceback (the V4 attention constants are missing)."""
+    qwen = "calibration/h200_hgx__qwen3_235b_a22b.yaml"
+    assert main(["headline", "--profile", qwen]) == 3
+    assert capsys.readouterr().err.startswith(
+        f"racksim-calibrate headline: --profile {qwen}: profile 'h200_hgx__qwen3_235b_a22b' "
+        "was fitted for model qwen3_235b_a22b on H200-HGX, not for DeepSeek-V4.1-Flash; ")
+
+
 def test_explain_width_that_does_not_fit_the_rack_names_it(capsys):
     assert main(["--explain", "--widths", "128"]) == 2
     err = capsys.readouterr().err

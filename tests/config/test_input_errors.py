@@ -101,7 +101,8 @@ def test_a_profile_prices_only_the_model_it_was_fitted_for():
     qwen = "calibration/gb300_nvl72__qwen3_235b_a22b.yaml"
     other = Profile.load(qwen)
     with pytest.raises(ProfileInputError, match=(
-            r"^the profile: profile 'gb300_nvl72__qwen3_235b_a22b' was fitted for model "
+            r"^perf.profile calibration/gb300_nvl72__qwen3_235b_a22b.yaml: profile "
+            r"'gb300_nvl72__qwen3_235b_a22b' was fitted for model "
             r"qwen3_235b_a22b on GB300-NVL72, not for DeepSeek-V4.1-Flash; give "
             r"DeepSeek-V4.1-Flash's profile \(calibration/<hardware>__<model>.yaml")):
         CalibratedStepModel(cfg, "decode", profile=other)
@@ -109,8 +110,8 @@ def test_a_profile_prices_only_the_model_it_was_fitted_for():
         CalibratedStepModel(compose_scenario(["experiment=smoke", f"perf.profile={qwen}"]))
     anonymous = Profile.load(qwen)
     del anonymous.meta["model"]  # a profile that names no model is taken at its word
-    anonymous.require_model("DeepSeek-V4.1-Flash", "x")
-    Profile.load(DEFAULT_PROFILE).require_model(cfg.model.name, "x")
+    anonymous.require_model("DeepSeek-V4.1-Flash")
+    Profile.load(DEFAULT_PROFILE).require_model(cfg.model.name)
 
 
 @pytest.mark.parametrize("case", ["key", "profile", "other model's profile", "pool", "trace",
