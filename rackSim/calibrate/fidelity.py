@@ -38,7 +38,7 @@ from rackSim.calibrate import figures
 from rackSim.calibrate.effects import default_effects, effect_noise, one_line, run_effects
 from rackSim.calibrate.fit import fit_table
 from rackSim.calibrate.loo import calibration_loo, figure_id
-from rackSim.calibrate.scenario import CALIBRATION
+from rackSim.calibrate.scenario import CALIBRATION, operating_point
 from rackSim.config import RunConfig, compose_scenario
 from rackSim.config.errors import InputError, ScenarioError
 from rackSim.config.flags import positive_float, positive_int, unwritable
@@ -302,6 +302,10 @@ def _reference(args: argparse.Namespace) -> tuple[RunConfig, Profile]:
                                 "progress=false"])
     except ScenarioError as err:
         raise FidelityError(one_line(f"scenario: {err}")) from err
+    reference = operating_point().model.name
+    if cfg.model.name != reference:
+        raise FidelityError(f"model: the published figures are {reference}'s, so the report "
+                            f"needs that model, not {cfg.model.name}; drop the model override")
     if cfg.perf.profile is None:
         raise FidelityError("perf.profile: the scenario has no calibration profile "
                             f"(perf.model={cfg.perf.model})")

@@ -80,6 +80,15 @@ def test_bad_numbers_are_usage_errors(args: list[str], expect: str, tmp_path: Pa
      "scenario: deployment.no_such_key: no such scenario key; check its spelling"),
     (["--override", "workload=nope"],
      "scenario: workload=nope: no such option in scenarios/workload/; choose one of agentx"),
+    # another model (with its own profile): the report compares published V4 figures
+    (["--override", "model=qwen3_235b_a22b", "--override",
+      "perf.profile=calibration/gb300_nvl72__qwen3_235b_a22b.yaml", "--override",
+      "perf.weight_dtype=fp8", "--override", "workload=synthetic", "--override",
+      "workload.synthetic.max_context_tokens=40960", "--override",
+      "deployment.decode.speculative.num_draft_tokens=0", "--override",
+      "deployment.decode.speculative.accepted_tokens_per_step=1"],
+     "model: the published figures are DeepSeek-V4.1-Flash's, so the report needs that model, "
+     "not qwen3_235b_a22b"),
 ])
 def test_bad_input_one_line_and_exit_2(args: list[str], expect: str, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
