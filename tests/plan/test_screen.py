@@ -256,7 +256,7 @@ def test_a_generated_model_on_another_gpu_screens_with_its_own_profile(tmp_path)
     profile = "calibration/h200_hgx__qwen3_235b_a22b.yaml"
     inputs = compose_plan([
         *[o for o in SMALL if not o.startswith("plan.hardware")],
-        *model_overrides("qwen3_235b_a22b"), "perf.weight_dtype=fp8",
+        *model_overrides("qwen3_235b_a22b"),  # with perf.weight_dtype=fp8: H200 has no fp4
         f"plan.hardware=[{{name: h200_hgx, rental_usd_per_gpu_hour: 3.0, profile: {profile}}}]",
         "plan.space.decode_gpus=[4,8]", "plan.space.prefill_gpus_per_instance=[2,4]"])
     cfg = inputs.scenario
