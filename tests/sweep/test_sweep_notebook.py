@@ -29,7 +29,10 @@ def test_committed_without_outputs():
     ("qwen3_235b_a22b", "gb200_nvl72", [4, 8, 16, 32, 64], 2),  # a generated model, another GPU
     # 671B in FP8 needs 8 GB200 GPUs per instance: DEP4 is left out, prefill is 8 wide (it
     # ended in a ConfigError on DEP4)
-    ("deepseek_v3", "gb200_nvl72", [8, 16, 32, 64], 8)])
+    ("deepseek_v3", "gb200_nvl72", [8, 16, 32, 64], 8),
+    # an 8-GPU HGX node holds a DEP4 decode instance beside one 4-GPU prefill instance, no
+    # wider one (it ended in a ConfigError: the smoke layout's two prefill instances)
+    ("qwen3_235b_a22b", "h200_hgx", [4], 4)])
 def test_runs_top_to_bottom(monkeypatch, model, hardware, widths, prefill_gpus):
     """Any MoE model and GPU with a calibration profile, without code changes."""
     monkeypatch.setenv("RACKSIM_NOTEBOOK_SMALL", "1")
