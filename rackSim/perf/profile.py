@@ -62,10 +62,9 @@ class Profile:
         on = f" on {self.meta['hardware']}" if self.meta.get("hardware") else ""
         raise ProfileInputError(
             f"{self.origin or 'a profile'}: profile '{self.name}' was fitted for model "
-            f"{fitted}{on}, not for "
-            f"{model}; give {model}'s profile (calibration/<hardware>__<model>.yaml, fitted by "
-            f"`racksim-calibrate profile --model MODEL --hardware HARDWARE`), or run the model "
-            "the profile is for")
+            f"{fitted}{on}, not for {model}; give {model}'s profile "
+            "(calibration/<hardware>__<model>.yaml, fitted by `racksim-calibrate profile "
+            "--model MODEL --hardware HARDWARE`), or run the model the profile is for")
 
     def setting(self, key: str, default: Any = None) -> Any:
         return self.settings.get(key, default)
