@@ -224,11 +224,20 @@ class SpeculativeSpec(StrictModel):
         return self
 
 
+#: The expert-parallel all-to-all kernels of an instance (vLLM's `--all2all-backend`):
+#: DeepEP's normal kernels send a token once to each rank that hosts any of its experts,
+#: its low-latency kernels one copy per selected expert (docs/perf.md, all-to-all).
+All2allBackend = Literal["deepep_high_throughput", "deepep_low_latency"]
+
+
 class PrefillSpec(StrictModel):
     instances: int = Field(ge=0, description=(
         "prefill instances per rack (0: this rack group only decodes)"))
     gpus_per_instance: PositiveInt
     parallelism: Literal["DEP", "TP"] = "DEP"
+    all2all_backend: All2allBackend = Field(default="deepep_high_throughput", description=(
+        "DEP all-to-all kernels; vLLM's guide pairs prefill with DeepEP's normal "
+        "(high-throughput) kernels"))
     max_num_batched_tokens: PositiveInt = Field(description="token budget per step per rank")
     max_num_seqs: PositiveInt = 64
 
@@ -238,6 +247,9 @@ class DecodeSpec(StrictModel):
         "decode instances per rack, each `gpus` wide (0: this rack group only prefills)"))
     gpus: PositiveInt = Field(description="DEP width: data-parallel attention ranks = EP ranks")
     parallelism: Literal["DEP", "TP"] = "DEP"
+    all2all_backend: All2allBackend = Field(default="deepep_low_latency", description=(
+        "DEP all-to-all kernels; vLLM's guide pairs decode with DeepEP's low-latency kernels "
+        "(CUDA graphs)"))
     max_num_seqs_per_rank: PositiveInt
     kv_load_cap_per_step: PositiveInt | None = Field(
         default=None, description=(
@@ -261,6 +273,9 @@ class ColocatedSpec(StrictModel):
     gpus: PositiveInt = Field(description="DEP width (data-parallel attention ranks = EP ranks) "
                               "or TP size")
     parallelism: Literal["DEP", "TP"] = "DEP"
+    all2all_backend: All2allBackend = Field(default="deepep_low_latency", description=(
+        "DEP all-to-all kernels, one for all the instance's steps (vLLM picks one backend per "
+        "instance)"))
     max_num_batched_tokens: PositiveInt = Field(description=(
         "token budget per step per rank: decode tokens (1 + drafts per request) first, then "
         "prefill chunks"))

@@ -34,7 +34,13 @@ from rackSim.perf.dense import (
     model_gemms,
 )
 from rackSim.perf.eplb import EplbConfig, EplbState
-from rackSim.perf.moe import MoeKernel, MoeShape, experts_hit_random, moe_rank_ms
+from rackSim.perf.moe import (
+    MoeKernel,
+    MoeShape,
+    dispatched_tokens,
+    experts_hit_random,
+    moe_rank_ms,
+)
 from rackSim.perf.prefill_opts import (
     PrefillOptimisations,
     gather_factor,
@@ -137,12 +143,12 @@ class CalibratedStepModel:
         if role == "colocated" and d.colocated is None:
             raise ValueError("deployment.colocated: a colocated step model needs the "
                              "colocated layout")
-        self.ranks = {"decode": d.decode.gpus, "prefill": d.prefill.gpus_per_instance,
-                      "colocated": d.colocated.gpus if d.colocated else 0}[role]
-        par = {"decode": d.decode.parallelism, "prefill": d.prefill.parallelism,
-               "colocated": d.colocated.parallelism if d.colocated else "DEP"}[role]
+        spec = {"decode": d.decode, "prefill": d.prefill, "colocated": d.colocated}[role]
+        self.ranks = spec.gpus_per_instance if role == "prefill" else spec.gpus
         #: tensor-parallel width (1 for DEP: experts spread, attention data-parallel)
-        self.tp = self.ranks if par == "TP" else 1
+        self.tp = self.ranks if spec.parallelism == "TP" else 1
+        #: the all-to-all kernels (`dispatched_tokens`)
+        self._all2all = spec.all2all_backend
         att = m.attention
         #: TP ranks the KV cache is split over (GQA: KV heads; MLA / V4: one shared latent)
         self._kv_shards = min(self.tp, att.kv_heads) if att and att.kind == "gqa" else 1
@@ -312,8 +318,9 @@ class CalibratedStepModel:
         redundant = self.redundant if shape is self.target else 0
         if (shape.experts + redundant) % ranks:
             redundant = 0
-        moe = moe_rank_ms(self.kernel, shape, tokens_total, ranks, b, self._dispatch, redundant)
-        copies = tokens_total * shape.top_k / ranks / b
+        copies = dispatched_tokens(tokens_total, ranks, shape.top_k, b, self._all2all)
+        moe = moe_rank_ms(self.kernel, shape, tokens_total, ranks, b,
+                          copies if self._dispatch == "alltoall" else tokens_total, redundant)
         # MegaMoE fuses the target model's dispatch and combine into its one kernel: their
         # launches are in megamoe_kernel_us, only the bytes remain here.
         fused = shape is self.target and self.moe_kernel_name == "megamoe"

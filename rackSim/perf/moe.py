@@ -81,15 +81,36 @@ class MoeShape:
     layers: int
 
 
+def dispatched_tokens(tokens_total: float, ranks: int, top_k: int, balancedness: float,
+                      backend: str) -> float:
+    """Token copies the hottest of `ranks` EP ranks receives from one all-to-all dispatch
+    (and returns through the combine).
+
+    'deepep_low_latency' writes one copy per selected expert: `tokens_total * top_k / ranks
+    / balancedness`. 'deepep_high_throughput' (DeepEP's normal kernels) sends a token once
+    to each rank that hosts any of its experts: with each of its `top_k` choices landing on
+    the hottest rank with probability `1 / (ranks * balancedness)`, that rank receives
+    `tokens_total * (1 - (1 - p)^top_k)` tokens, at most one per token.
+    """
+    b = min(max(balancedness, 1e-3), 1.0)
+    if backend == "deepep_low_latency":
+        return tokens_total * top_k / ranks / b
+    if backend == "deepep_high_throughput":
+        p = min(1.0, 1.0 / (ranks * b))
+        return tokens_total * (1.0 - (1.0 - p) ** top_k)
+    raise ValueError(f"unknown all-to-all backend '{backend}'")
+
+
 def moe_rank_ms(kernel: MoeKernel, shape: MoeShape, tokens_total: float, ranks: int,
-                balancedness: float = 1.0, dispatch: str = "alltoall",
+                balancedness: float = 1.0, tokens_in: float | None = None,
                 redundant_experts: int = 0) -> float:
     """MoE time of the hottest EP rank for one step, summed over `shape.layers` (ms).
 
     tokens_total: tokens entering the MoE over the whole instance (all DP ranks).
     balancedness: mean rank load / max rank load, in (0, 1].
-    dispatch: 'alltoall' (a rank routes only the token copies it receives) or 'allgather'
-        (every rank routes every token of the instance).
+    tokens_in: tokens the rank's kernel routes: what the dispatch delivers
+        (`dispatched_tokens`), or every token of the instance under an all-gather dispatch;
+        None: one per token->expert pair it computes.
     """
     if tokens_total <= 0 or shape.experts == 0:
         return 0.0
@@ -99,6 +120,6 @@ def moe_rank_ms(kernel: MoeKernel, shape: MoeShape, tokens_total: float, ranks: 
     assignments = tokens_total * shape.top_k
     hot = assignments / ranks / b
     hit = min(local, experts_hit_random(local, slots, assignments / b))
-    tokens_in = hot if dispatch == "alltoall" else tokens_total
-    return shape.layers * kernel.layer_ms(tokens_in, hot, hit, shape.expert_bytes,
-                                          shape.expert_params, shape.hidden)
+    return shape.layers * kernel.layer_ms(hot if tokens_in is None else tokens_in, hot, hit,
+                                          shape.expert_bytes, shape.expert_params,
+                                          shape.hidden)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rackSim.perf.moe import (
     MoeKernel,
     MoeShape,
+    dispatched_tokens,
     experts_hit_balanced,
     experts_hit_random,
     moe_rank_ms,
@@ -57,8 +60,37 @@ def test_imbalance_slows_moe() -> None:
 
 
 def test_allgather_dispatch_routes_every_token() -> None:
-    a2a = moe_rank_ms(KERNEL, SHAPE, 8192, 32, dispatch="alltoall")
-    ag = moe_rank_ms(KERNEL, SHAPE, 8192, 32, dispatch="allgather")
+    a2a = moe_rank_ms(KERNEL, SHAPE, 8192, 32)
+    ag = moe_rank_ms(KERNEL, SHAPE, 8192, 32, tokens_in=8192)
     # allgather routes 8192 tokens per rank instead of 8192*6/32 = 1536 copies.
     extra = 42 * (8192 - 1536) * 4096 * 2 / 6.4e9
     assert ag - a2a == pytest.approx(extra, rel=1e-9)
+
+
+def test_low_latency_dispatch_sends_a_copy_per_selected_expert() -> None:
+    # 8192 tokens x 6 experts over 32 ranks, the hottest at balancedness 0.5: 3072 copies.
+    assert dispatched_tokens(8192, 32, 6, 0.5, "deepep_low_latency") == pytest.approx(3072)
+
+
+def test_high_throughput_dispatch_sends_a_token_once_per_rank() -> None:
+    # DEP2, k = 6, balanced: a token misses a rank only if all 6 experts are on the other one.
+    assert dispatched_tokens(1000, 2, 6, 1.0, "deepep_high_throughput") == pytest.approx(
+        1000 * (1 - 0.5 ** 6))
+    # One rank receives every token exactly once; a rank that hosts everything too.
+    assert dispatched_tokens(1000, 1, 6, 1.0, "deepep_high_throughput") == pytest.approx(1000)
+    assert dispatched_tokens(1000, 4, 6, 0.2, "deepep_high_throughput") == pytest.approx(1000)
+
+
+@given(tokens=st.floats(1, 1e6), ranks=st.integers(1, 256), top_k=st.integers(1, 16),
+       b=st.floats(1e-3, 1.0))
+def test_high_throughput_never_sends_more_than_low_latency(tokens: float, ranks: int,
+                                                            top_k: int, b: float) -> None:
+    ht = dispatched_tokens(tokens, ranks, top_k, b, "deepep_high_throughput")
+    ll = dispatched_tokens(tokens, ranks, top_k, b, "deepep_low_latency")
+    assert ht <= ll * (1 + 1e-12)
+    assert ht <= tokens * (1 + 1e-12)
+
+
+def test_unknown_all2all_backend_is_refused() -> None:
+    with pytest.raises(ValueError, match="pplx"):
+        dispatched_tokens(1000, 4, 6, 1.0, "pplx")

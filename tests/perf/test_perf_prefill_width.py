@@ -8,6 +8,7 @@ import pytest
 
 from rackSim.calibrate.figures import expected
 from rackSim.calibrate.scenario import DEFAULT_PROFILE, operating_point
+from rackSim.config import with_changes
 from rackSim.perf.calibrated import CalibratedStepModel
 from rackSim.perf.comm import COMBINE_BYTES, DISPATCH_BYTES
 from rackSim.perf.cpu import max_delay_moments
@@ -50,9 +51,11 @@ def test_dep4_loses_more_per_gpu_than_dep2_and_the_parts_say_why() -> None:
     # Same per-rank GEMM and attention work at equal tokens per rank.
     for k in ("attention", "indexer", "dense", "cpu"):
         assert diff[k] == pytest.approx(0.0, abs=1e-9), k
-    # (i) all-to-all: each rank receives its copies of the same tokens, but 3/4 of them cross
-    # NVLink at DEP4 against 1/2 at DEP2 (and the copies scale with 1 / balancedness). The
-    # tokens include each request's bounded replay (128 cached tokens through 20 of 43 layers).
+    # (i) all-to-all: DeepEP's normal kernels send a token once to each rank that hosts any of
+    # its experts (the hottest rank, at 1 / balancedness of the mean load, gets each of the k
+    # choices with p = 1 / (ranks x balancedness)); 3/4 of them cross NVLink at DEP4 against
+    # 1/2 at DEP2. The tokens include each request's bounded replay (128 cached tokens through
+    # 20 of 43 layers).
     m = m2.cfg.model
     nvlink = m2.cfg.hardware.nvlink_bw_bytes_s / 1e3 * PROFILE.value("a2a_nvlink_efficiency")
     opts = m2.prefill_opts
@@ -60,7 +63,8 @@ def test_dep4_loses_more_per_gpu_than_dep2_and_the_parts_say_why() -> None:
               / m.num_layers)
 
     def remote_ms(model: CalibratedStepModel, share: float) -> float:
-        copies = tokens * m.experts_per_token / model.balancedness(0)[0]
+        w, b = model.ranks, model.balancedness(0)[0]
+        copies = tokens * w * (1 - (1 - min(1.0, 1 / (w * b))) ** m.experts_per_token)
         return (m.num_moe_layers * copies * m.hidden_size * (DISPATCH_BYTES + COMBINE_BYTES)
                 * share / nvlink)
 
@@ -68,9 +72,10 @@ def test_dep4_loses_more_per_gpu_than_dep2_and_the_parts_say_why() -> None:
     assert diff["comm"] > 0.5 * (s4.total_ms - s2.total_ms)
     # (ii) EPLB: a 4-rank instance balances its experts less well than a 2-rank one ...
     assert m4.balancedness(0)[0] < m2.balancedness(0)[0]
-    # ... yet a DEP2 rank hosts twice the experts and reads more expert weights, so MoE alone
-    # favours DEP4 at equal tokens per rank.
-    assert diff["moe"] < 0.0 < diff["comm"] + diff["moe"]
+    # ... and MoE alone is about even at equal tokens per rank: a DEP2 rank hosts twice the
+    # experts and reads twice the expert weights, a DEP4 rank's kernel permutes ~1.7x the
+    # distinct tokens (3.3 against 2.0 per token of a rank). The loss is the all-to-all's.
+    assert abs(diff["moe"]) < 0.1 * diff["comm"]
     # (iii) DP sync over more ranks: recursive doubling needs 2 hops instead of 1.
     assert diff["sync"] == pytest.approx(PROFILE.value("allreduce_hop_ms"))
     # (iv) per-layer rank synchronisation: the expected max of per-rank jitter grows with ranks.
@@ -104,3 +109,23 @@ def test_a_lagged_rank_is_exposed_more_at_dep4() -> None:
         t1 = expected(lag.prefill_step(batch), lag).total_ms
         loss[w] = 1.0 - t0 / t1
     assert loss[4] > 2.0 * loss[2]
+
+
+def test_the_scenario_picks_the_prefill_all2all_kernels() -> None:
+    """`deployment.prefill.all2all_backend`: DeepEP's low-latency kernels send one copy per
+    selected expert, 6 / 1.97 = 3.05x the normal kernels' tokens at a balanced DEP2 rank; the
+    all-to-all bytes and the MoE kernel's token traffic grow with them, nothing else does."""
+    cfg = operating_point(prefill_gpus=2, profile=DEFAULT_PROFILE)
+    low = with_changes(cfg, deployment={"prefill": {"all2all_backend": "deepep_low_latency"}})
+    assert cfg.deployment.prefill.all2all_backend == "deepep_high_throughput"
+    steps = {}
+    for name, c in (("normal", cfg), ("low_latency", low)):
+        model = CalibratedStepModel(c, "prefill", profile=PROFILE, balancedness=(1.0, 1.0))
+        steps[name] = _step(model)
+    normal, ll = steps["normal"], steps["low_latency"]
+    # (the reference's MegaMoE kernel fuses the dispatch: its all-to-all is bytes only)
+    assert PROFILE.setting("moe_kernel") == "megamoe"
+    assert ll.comm / normal.comm == pytest.approx(6 / (2 * (1 - 0.5 ** 6)), rel=1e-9)
+    assert ll.moe > normal.moe
+    for k in ("attention", "indexer", "dense", "cpu", "sync"):
+        assert getattr(ll, k) == pytest.approx(getattr(normal, k), rel=1e-12), k
