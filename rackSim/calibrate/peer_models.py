@@ -11,7 +11,10 @@ context, one token each, no speculation), priced by
   does not model (per-step CPU, the DP-sync all-reduce, straggler delay);
 * aic - aiconfigurator-core's `EngineHandle` for the same model, system (vLLM), parallelism
   and quantisation (FP8 GEMMs, FP8 block experts, FP8 KV cache): `predict_prefill_latency`
-  and `decode_step_latency` (its batch sizes are per attention-DP rank).
+  and `decode_step_latency` (its batch sizes are per attention-DP rank), and from
+  `run_static_per_op` its MoE, attention and MoE dispatch (pre + post) operations, to set
+  beside rackSim's `moe`, `attention` and `comm`. aic prices MoE from its `power_law`
+  (alpha 1.01) routing rows by default, rackSim here from balanced experts.
 
 DEPn pairs price one n-rank instance with attention data parallel and experts over n ranks;
 TPn pairs split heads and GEMMs n ways.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -96,8 +100,19 @@ def racksim_steps(pair: Pair) -> tuple[StepBreakdown, StepBreakdown]:
     return p, d
 
 
-def aic_steps(pair: Pair) -> tuple[float, float] | str:
-    """(prefill ms, decode ms) from aiconfigurator-core, or why there are none."""
+#: aiconfigurator-core's per-operation names (without their `context_` / `generation_`
+#: prefix) summed into the parts set beside rackSim's: its MoE (`moe_overlap`: MoE and
+#: dispatch in one op, DeepSeek-V3 decode), the attention kernel (MLA models have only a
+#: whole `mla_block`, GEMMs included: none), and the communication (MoE dispatch and combine,
+#: TP all-reduces). A part none of whose operations the model has is NaN.
+AIC_PARTS = {"moe": ("moe", "moe_overlap"), "attention": ("attention",),
+             "comm": ("moe_pre_dispatch", "moe_post_dispatch", "ar_1", "ar_2",
+                      "embedding_ar", "tp_allreduce")}
+
+
+def aic_steps(pair: Pair) -> tuple[dict[str, float], dict[str, float]] | str:
+    """(prefill, decode) from aiconfigurator-core - each {'total': ms, and per `AIC_PARTS`
+    part ms} - or why there are none."""
     if aic.aic_root() is None:
         return "aiconfigurator-core is not installed"
     from aiconfigurator_core.sdk.engine import EngineHandle
@@ -111,10 +126,19 @@ def aic_steps(pair: Pair) -> tuple[float, float] | str:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             e = EngineHandle.compile(pair.hf_name, system, "vllm", gemm_quant_mode="fp8",
                                      kvcache_quant_mode="fp8", **moe, **par)
-            return (e.predict_prefill_latency(PREFILL_BATCH, ISL),
-                    e.decode_step_latency(DECODE_BATCH, ISL, 2))
+            totals = (e.predict_prefill_latency(PREFILL_BATCH, ISL),
+                      e.decode_step_latency(DECODE_BATCH, ISL, 2))
+            ctx = e.run_static_per_op(batch_size=PREFILL_BATCH, isl=ISL, osl=2)[0]
+            gen = e.run_static_per_op(batch_size=DECODE_BATCH, isl=ISL, osl=2)[1]
     except Exception as err:  # the SDK's own errors, reported in the table instead
         return f"aiconfigurator-core: {err}"
+    out = []
+    for total, ops, prefix in ((totals[0], ctx, "context_"), (totals[1], gen, "generation_")):
+        ms = {name.removeprefix(prefix): value for name, value, *_ in ops}
+        out.append({"total": total, **{
+            part: sum(ms[n] for n in names if n in ms) if ms.keys() & set(names) else math.nan
+            for part, names in AIC_PARTS.items()}})
+    return out[0], out[1]
 
 
 def gpu_ms(b: StepBreakdown) -> float:
@@ -128,25 +152,34 @@ def comparison(pairs: Sequence[Pair] = PAIRS) -> pd.DataFrame:
         steps = racksim_steps(pair)
         peer = aic_steps(pair)
         for i, (phase, b) in enumerate(zip(("prefill", "decode"), steps, strict=True)):
-            aic_ms = peer[i] if isinstance(peer, tuple) else float("nan")
+            theirs = peer[i] if isinstance(peer, tuple) else {}
+            aic_ms = theirs.get("total", float("nan"))
             rows.append({"model": pair.model, "hardware": pair.hardware,
                          "layout": f"{pair.parallelism}{pair.width}", "phase": phase,
                          "racksim_ms": b.total_ms, "racksim_gpu_ms": gpu_ms(b),
                          "aic_ms": aic_ms, "gpu_vs_aic": gpu_ms(b) / aic_ms - 1.0,
                          **{f"{k}_ms": v for k, v in b.as_dict().items()},
+                         **{f"aic_{part}_ms": theirs.get(part, float("nan"))
+                            for part in AIC_PARTS},
                          "note": "" if isinstance(peer, tuple) else peer})
     return pd.DataFrame(rows)
 
 
+def _ms(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2f}"
+
+
 def markdown(df: pd.DataFrame) -> str:
     head = ("| model | GPU | layout | phase | rackSim ms (GPU part) | aic ms | GPU vs aic | "
-            "moe / attention / dense / comm ms |\n|---|---|---|---|---|---|---|---|")
+            "moe / attention / dense / comm ms | aic moe / attention / comm ms |\n"
+            "|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in df.itertuples():
         lines.append(f"| {r.model} | {r.hardware} | {r.layout} | {r.phase} | {r.racksim_ms:.2f}"
                      f" ({r.racksim_gpu_ms:.2f}) | {r.aic_ms:.2f} | {r.gpu_vs_aic:+.0%} | "
                      f"{r.moe_ms:.2f} / {r.attention_ms:.2f} / {r.dense_ms:.2f} / "
-                     f"{r.comm_ms:.2f} |")
+                     f"{r.comm_ms:.2f} | {_ms(r.aic_moe_ms)} / {_ms(r.aic_attention_ms)} / "
+                     f"{_ms(r.aic_comm_ms)} |")
     return "\n".join(lines)
 
 
