@@ -269,7 +269,11 @@ class WorkloadFit:
                 "H3": self.h.revenue_usd_gpu_h}[fid]
 
     def _params(self, x: np.ndarray) -> dict[str, float]:
-        out = {p.name: float(math.exp(v)) for p, v in zip(self.free, x, strict=True)}
+        """Scenario values of log-space point `x`, inside their ranges (the surrogate step's
+        bounds carry a 1e-12 margin, which would put a parameter at its limit just past it:
+        `resent_output_share` 1.000000000001 fails the scenario's validation)."""
+        out = {p.name: min(max(float(math.exp(v)), p.low), p.high)
+               for p, v in zip(self.free, x, strict=True)}
         out.update(self.fixed)
         return out
 

@@ -57,6 +57,18 @@ def test_fit_reaches_all_three_targets() -> None:
     assert ev.simulations > 5
 
 
+def test_points_at_a_limit_stay_inside_the_range() -> None:
+    """The surrogate step's bounds end 1e-12 past a limit; the scenario must not see it."""
+    fit = WorkloadFit(read_headline(), _evaluator())
+    x = [math.log(p.high) + 1e-12 for p in fit.free]
+    params = fit._params(x)
+    assert all(params[p.name] == p.high for p in fit.free)
+    base = {"workload": {"agentx": AgentXSpec().model_dump(mode="json")}}
+    agentx = scenario_changes(params, Layout(16, 2, 16), base, FitSettings())["workload"]["agentx"]
+    AgentXSpec.model_validate(agentx)  # 1.000000000001 re-sent would fail here
+    assert agentx["resent_output_share"] == 1.0
+
+
 def test_cache_avoids_resimulating(tmp_path: Path) -> None:
     cache = tmp_path / "points.jsonl"
     ev = Evaluator([], FitSettings(jobs=1), cache, simulate=toy_simulate)
