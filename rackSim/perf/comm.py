@@ -11,7 +11,8 @@ def alltoall_layer_ms(token_copies: float, hidden: int, ranks: int, op_ms: float
                       nvlink_bytes_ms: float) -> float:
     """Dispatch + combine for one MoE layer on the busiest rank (ms).
 
-    token_copies: token->expert copies the rank receives (its assignments).
+    token_copies: token copies the rank receives (`moe.dispatched_tokens`: one per selected
+        expert with DeepEP's low-latency kernels, one per token and rank with its normal ones).
     Only the (ranks - 1) / ranks share that lives on other ranks crosses NVLink; each of the
     two operations also pays a fixed `op_ms` (launch, barrier, signalling).
     """
