@@ -13,9 +13,10 @@ are predicted and their median and 90th-percentile |error| recorded under `kerne
   GEMMs (priced by the GEMM fit) plus the attention kernel; every third context length held out;
 * prefill attention: `context_attention` / `mla_context_module` rows the same way, every third
   prompt length held out;
-* all-to-all: DeepEP low-latency dispatch + combine (`comm.alltoall_layer_ms`), every third
-  token count held out; TP all-reduce: vLLM's custom all-reduce under CUDA graphs, every third
-  message size held out.
+* all-to-all: DeepEP dispatch + combine (`comm.alltoall_layer_ms`), the low-latency kernels'
+  rows (`a2a_*`, decode) and the normal kernels' (`a2a_ht_*`, prefill) each with the copies
+  that kernel set sends (`moe.dispatched_tokens`), every third token count held out; TP
+  all-reduce: vLLM's custom all-reduce under CUDA graphs, every third message size held out.
 
 Where several kernels measure one point the fastest is taken (the one a tuned vLLM runs). What
 no kernel table measures - per-step CPU, stragglers, expert-popularity skew, the per-layer
@@ -46,7 +47,7 @@ from rackSim.perf.attention import AttentionCost, attention_cost
 from rackSim.perf.calibrated import gemm_kernel
 from rackSim.perf.comm import alltoall_layer_ms
 from rackSim.perf.dense import GemmKernel, model_gemms
-from rackSim.perf.moe import MoeKernel
+from rackSim.perf.moe import MoeKernel, dispatched_tokens
 from rackSim.perf.profile import Profile
 
 VERSION = "0.24.0"
@@ -208,27 +209,36 @@ def fit_moe(t: Tables, m: ModelSpec, hw: HardwareSpec) -> aic.TableFit:
                         f"{path} ({shape})", f"EP widths {eps[1::2]} (fitted on {eps[0::2]})")
 
 
-def fit_alltoall(t: Tables, hw: HardwareSpec) -> aic.TableFit:
-    """DeepEP low-latency dispatch + combine (one MoE layer); every third token count held out.
-    A rank of a balanced EP group receives num_tokens x top-k token copies. The table's
-    latencies are in microseconds (its `transmit_us` column equals them)."""
+#: the table's `comm_backend` of each all-to-all kernel set (`deployment.*.all2all_backend`)
+A2A_TABLE_BACKENDS = {"deepep_low_latency": "deepep_ll", "deepep_high_throughput": "deepep_ht"}
+
+
+def fit_alltoall(t: Tables, hw: HardwareSpec, backend: str) -> aic.TableFit:
+    """DeepEP dispatch + combine (one MoE layer) of one kernel set (`backend`, as
+    `deployment.*.all2all_backend`); every third token count held out. The table's
+    `num_tokens` are a rank's; a balanced rank receives what `moe.dispatched_tokens` counts
+    (low-latency: num_tokens x top-k copies; normal: each token once per rank it reaches).
+    The table's latencies are in microseconds (its `transmit_us` column equals them)."""
     path = t.path("comm", "moe_a2a_perf.parquet")
     df = t.read("comm", "moe_a2a_perf.parquet")
     keys = ["num_tokens", "hidden_size", "topk", "ep_size"]
-    phases = select(df, {"comm_backend": "deepep_ll"}, [*keys, "phase"], path)
+    table_backend = A2A_TABLE_BACKENDS[backend]
+    phases = select(df, {"comm_backend": table_backend}, [*keys, "phase"], path)
     rows = phases.groupby(keys, as_index=False).latency.sum()
     rows["latency"] /= 1e3  # this table's latencies are in us
     n, h, k, ep = (rows[c].to_numpy(dtype=float) for c in keys)
+    copies = [dispatched_tokens(ni * ei, int(ei), int(ki), 1.0, backend)
+              for ni, ki, ei in zip(n, k, ep, strict=True)]
     held = np.isin(n, list(aic.every_third(n)))
     nv = hw.nvlink_bw_bytes_s / 1e3
 
     def predict(x: np.ndarray) -> np.ndarray:
-        return np.array([alltoall_layer_ms(ni * ki, int(hi), int(ei), x[0] / 1e3, nv * x[1])
-                         for ni, hi, ki, ei in zip(n, h, k, ep, strict=True)])
+        return np.array([alltoall_layer_ms(ci, int(hi), int(ei), x[0] / 1e3, nv * x[1])
+                         for ci, hi, ei in zip(copies, h, ep, strict=True)])
 
     return aic.fit_rows(predict, rows.latency.to_numpy(), held, ["op_us", "nvlink_efficiency"],
                         [10.0, 0.5], ([0.0, 0.01], [500.0, 1.0]),
-                        f"{path} (deepep_ll, dispatch + combine)", "every third token count")
+                        f"{path} ({table_backend}, dispatch + combine)", "every third token count")
 
 
 def fit_allreduce(t: Tables, hw: HardwareSpec) -> aic.TableFit:
@@ -300,7 +310,8 @@ def table_profile(model: str, hardware: str, base: Profile,
     store("prefill_attention", "prefill_attn", fit_attention(t, m, hw, kernels, "prefill"))
     if m.num_routed_experts:
         store("moe", "moe", fit_moe(t, m, hw))
-        store("alltoall", "a2a", fit_alltoall(t, hw))
+        store("alltoall", "a2a", fit_alltoall(t, hw, "deepep_low_latency"))
+        store("alltoall_ht", "a2a_ht", fit_alltoall(t, hw, "deepep_high_throughput"))
     store("tp_allreduce", "tp_allreduce", fit_allreduce(t, hw))
     if not m.num_routed_experts:  # no expert parallelism: the all-to-all speeds are the TP's
         for short in ("op_us", "nvlink_efficiency"):

@@ -184,7 +184,12 @@ class CalibratedStepModel:
         self._dense_fixed_ms = m.num_layers * self._dense_kernel_ms  # other per-layer kernels
         self._dense_by_tokens: dict[tuple[float, float, int, bool], float] = {}
         self._nvlink_ms = hw.nvlink_bw_bytes_s / MS * p.value("a2a_nvlink_efficiency")
-        self._a2a_op_ms = p.value("a2a_op_us") / MS
+        # DeepEP's normal kernels have their own speeds where the profile measured them
+        # (kernel-table profiles: `a2a_ht_*`), else the all-to-all's
+        a2a = ("a2a_ht" if self._all2all == "deepep_high_throughput"
+               and "a2a_ht_op_us" in p.params else "a2a")
+        self._a2a_op_ms = p.value(f"{a2a}_op_us") / MS
+        self._a2a_nvlink_ms = hw.nvlink_bw_bytes_s / MS * p.value(f"{a2a}_nvlink_efficiency")
         # TP all-reduce: its own fitted speeds when the profile has them (kernel-table
         # profiles), else the all-to-all's
         ar = "tp_allreduce" if "tp_allreduce_op_us" in p.params else "a2a"
@@ -326,7 +331,7 @@ class CalibratedStepModel:
         fused = shape is self.target and self.moe_kernel_name == "megamoe"
         comm = shape.layers * alltoall_layer_ms(copies, shape.hidden, ranks,
                                                 0.0 if fused else self._a2a_op_ms,
-                                                self._nvlink_ms)
+                                                self._a2a_nvlink_ms)
         return moe, comm
 
     def _draft_ms(self, requests_total: float, ranks: int, b: float, draft_tokens: int) -> float:

@@ -55,9 +55,49 @@ def test_moe_predicts_left_out_ep_widths() -> None:
 def test_alltoall_and_allreduce_predict_left_out_sizes() -> None:
     hw = _specs("qwen3_235b_a22b", "h200_hgx")[1]
     t = tp.Tables(hw)
-    a2a, ar = tp.fit_alltoall(t, hw), tp.fit_allreduce(t, hw)
-    assert a2a.held_median_abs_err < 0.15 and ar.held_median_abs_err < 0.15
-    assert 0.0 < a2a.values["nvlink_efficiency"] <= 1.0
+    ll, ar = tp.fit_alltoall(t, hw, "deepep_low_latency"), tp.fit_allreduce(t, hw)
+    ht = tp.fit_alltoall(t, hw, "deepep_high_throughput")
+    for fit in (ll, ht, ar):
+        assert fit.held_median_abs_err < 0.15, fit.table
+    assert 0.0 < ll.values["nvlink_efficiency"] <= 1.0
+    # DeepEP's normal kernels pay ~4x the low-latency kernels' fixed cost per operation
+    # (layout, notify, 20 SMs): the reason prefill and decode use different ones
+    assert 2.0 < ht.values["op_us"] / ll.values["op_us"] < 6.0
+
+
+@pytest.mark.parametrize("hardware", ["h200_hgx", "gb300_nvl72"])
+def test_normal_kernel_table_follows_one_copy_per_rank(hardware: str) -> None:
+    """The measured DeepEP normal-kernel rows (top-k 6 and 8, four hidden sizes, EP8 / EP4)
+    fit better with a token sent once per rank it reaches (`dispatched_tokens`) than with one
+    copy per selected expert, on the large token counts a prefill step has: median |error| at
+    least 2 points lower (measured 12.9 vs 15.9 % on H200, 18.3 vs 22.3 % on GB300)."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    from rackSim.perf.comm import alltoall_layer_ms
+
+    hw = _specs("qwen3_235b_a22b", hardware)[1]
+    t = tp.Tables(hw)
+    df = t.read("comm", "moe_a2a_perf.parquet")
+    keys = ["num_tokens", "hidden_size", "topk", "ep_size"]
+    rows = (df[df.comm_backend == "deepep_ht"]
+            .groupby([*keys, "phase"], as_index=False).latency.min()
+            .groupby(keys, as_index=False).latency.sum())
+    n, h, k, ep = (rows[c].to_numpy(dtype=float) for c in keys)
+    measured = rows.latency.to_numpy() / 1e3
+    nv = hw.nvlink_bw_bytes_s / 1e3
+    counts = {"per rank": n * ep * (1 - (1 - 1 / ep) ** k), "per expert": n * k}
+    large = n >= 1024
+    err = {}
+    for name, copies in counts.items():
+        def predict(x: np.ndarray, copies: np.ndarray = copies) -> np.ndarray:
+            return np.array([alltoall_layer_ms(c, int(hi), int(e), x[0] / 1e3, nv * x[1])
+                             for c, hi, e in zip(copies, h, ep, strict=True)])
+
+        fit = least_squares(lambda x, p=predict: np.log(p(x) / measured), [10.0, 0.5],
+                            bounds=([0.0, 0.01], [2000.0, 1.0]))
+        err[name] = float(np.median(np.abs(predict(fit.x)[large] / measured[large] - 1)))
+    assert err["per rank"] < err["per expert"] - 0.02, err
 
 
 def test_committed_profile_records_provenance_and_held_out_errors() -> None:
@@ -132,12 +172,44 @@ def test_precision_the_tables_lack_is_refused() -> None:
 
 
 
+def test_prefill_runs_the_normal_kernels_and_decode_the_low_latency_ones() -> None:
+    """Qwen3-235B DEP4 on H200: a prefill step's all-to-all is priced with the normal kernels'
+    fitted speeds (`a2a_ht_*`) on one copy per token and rank, a decode step's with the
+    low-latency kernels' (`a2a_*`) on one copy per selected expert; by hand."""
+    from rackSim.calibrate import peer_models
+    from rackSim.perf.comm import alltoall_layer_ms
+    from rackSim.perf.moe import dispatched_tokens
+    from rackSim.perf.step import DecodeBatch, PrefillBatch
+
+    pair = next(p for p in peer_models.PAIRS
+                if p.model == "qwen3_235b_a22b" and p.hardware == "h200_hgx")
+    prefill, decode = peer_models.step_models(pair)
+    p, m = prefill.profile, prefill.cfg.model
+    nv = prefill.cfg.hardware.nvlink_bw_bytes_s / 1e3
+
+    def comm(tokens: float, backend: str, speeds: str) -> float:
+        copies = dispatched_tokens(tokens, 4, m.experts_per_token, 1.0, backend)
+        return m.num_moe_layers * alltoall_layer_ms(
+            copies, m.hidden_size, 4, p.value(f"{speeds}_op_us") / 1e3,
+            nv * p.value(f"{speeds}_nvlink_efficiency"))
+
+    step = prefill.prefill_step(PrefillBatch(new_tokens=4 * 4096, attended_tokens=4 * 4096,
+                                             num_requests=4, admitted_prompt_tokens=0,
+                                             ranks=4))
+    assert step.comm == pytest.approx(comm(4 * 4096, "deepep_high_throughput", "a2a_ht"),
+                                      rel=1e-9)
+    step = decode.decode_step(DecodeBatch(
+        requests_per_rank=[64] * 4, context_tokens_per_rank=[64 * 4096] * 4,
+        tokens_per_request=1.0, draft_tokens=0, new_loads=0, admitted_prompt_tokens=0,
+        step_index=1))
+    assert step.comm == pytest.approx(comm(4 * 64, "deepep_low_latency", "a2a"), rel=1e-9)
+
+
 def test_peer_table_prices_the_same_steps_as_aiconfigurator() -> None:
     """Qwen3-235B DEP4 on H200, part by part against aiconfigurator-core's own operations:
-    attention within 15 % in both phases, decode MoE within 15 %, and the prefill all-to-all
-    (DeepEP's normal kernels: a token once per rank) within 25 % of aic's dispatch and combine.
-    The prefill steps differ by the MoE: aic reads its power-law routing rows, rackSim prices
-    balanced experts here."""
+    attention within 15 % in both phases and decode MoE within 15 %. The prefill steps differ
+    most by the MoE: aic reads its power-law routing rows, rackSim prices balanced experts
+    here (the all-to-all differs too: docs/models.md)."""
     from rackSim.calibrate import peer_models
 
     pair = next(p for p in peer_models.PAIRS
@@ -147,7 +219,6 @@ def test_peer_table_prices_the_same_steps_as_aiconfigurator() -> None:
     assert ((df.attention_ms / df.aic_attention_ms - 1).abs() < 0.15).all()
     assert abs(df.loc["decode", "moe_ms"] / df.loc["decode", "aic_moe_ms"] - 1) < 0.15
     prefill = df.loc["prefill"]
-    assert abs(prefill.comm_ms / prefill.aic_comm_ms - 1) < 0.25
     assert prefill.aic_moe_ms - prefill.moe_ms > 0.8 * (prefill.aic_ms - prefill.racksim_gpu_ms)
     assert df.loc["decode", "moe_ms"] > 0 and df.loc["decode", "comm_ms"] > 0
     table = peer_models.markdown(df.reset_index())
