@@ -12,7 +12,7 @@ context, one token each, no speculation), priced by
 * aic - aiconfigurator-core's `EngineHandle` for the same model, system (vLLM), parallelism
   and quantisation (FP8 GEMMs, FP8 block experts, FP8 KV cache): `predict_prefill_latency`
   and `decode_step_latency` (its batch sizes are per attention-DP rank), and from
-  `run_static_per_op` its MoE, attention and MoE dispatch (pre + post) operations, to set
+  `run_static_per_op` its MoE, attention and communication operations (`AIC_PARTS`), to set
   beside rackSim's `moe`, `attention` and `comm`. aic prices MoE from its `power_law`
   (alpha 1.01) routing rows by default, rackSim here from balanced experts.
 
