@@ -5,12 +5,15 @@ trees, alternating which goes first, `--repeat` times. Each run is a child proce
 that tree's rackSim on its path (and the project directory as its working directory, so that
 paths such as the traces' resolve the same way; `python -P`, or `-c` would put the working
 directory, and with it this tree's rackSim, ahead of the base's); before it runs, each tree is
-checked to import its own rackSim. Per tree it reports the median and range
-over the repeats of: CPU seconds of the event loop (`Simulation.run`), events, peak resident
-memory and, for the `process` cases, the wall time of the whole `racksim` command (start to
-exit, outputs written). Then the ratio base / this tree (the median of the per-repeat
-ratios, with their range), and whether both trees produced the same request and step tables
-(a hash of both frames): a speed change must not change results.
+checked to import its own rackSim. Each tree reads its own scenarios and, in the timed cases,
+its own copy of the scenario's calibration profile (a change that refits a profile is
+compared with the code and profile before it); a `process` case reads the project's profile.
+Per tree it reports the median and range over the repeats of: CPU seconds of the event loop
+(`Simulation.run`), events, peak resident memory and, for the `process` cases, the wall time
+of the whole `racksim` command (start to exit, outputs written). Then the ratio base / this
+tree (the median of the per-repeat ratios, with their range), and whether both trees produced
+the same request and step tables (a hash of both frames): a speed change must not change
+results.
 
 Cases: `reference` (the reference scenario, `--window-s` of window), `fleet` (14 full racks of
 `fleet_full_rack` at the reference per-GPU load), `mooncake` (the Mooncake conversation trace,
@@ -57,7 +60,18 @@ from rackSim.engine.simulation import Simulation
 from rackSim.metrics.summary import requests_frame
 from rackSim.workload.sources import load_sessions
 
-cfg = compose_scenario(json.loads(sys.argv[1]) + ["progress=false"])
+from pathlib import Path
+import rackSim
+args = json.loads(sys.argv[1]) + ["progress=false"]
+cfg = compose_scenario(args)
+# A relative profile path resolves against the working directory (the project) first: a base
+# tree prices with its own copy of that profile, as it did when it was the project
+tree = Path(rackSim.__file__).resolve().parents[1]
+used = Path(cfg.perf.profile).resolve() if cfg.perf.profile else None
+if used is not None and used.is_relative_to(Path.cwd().resolve()):
+    own = tree / used.relative_to(Path.cwd().resolve())
+    if own.is_file() and own != used:
+        cfg = compose_scenario(args + [f"perf.profile={own}"])
 sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
 counted = os.environ.get("BENCH_CALLGRIND")  # under callgrind: count the event loop only
 if counted:
