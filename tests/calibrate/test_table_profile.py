@@ -75,18 +75,21 @@ def test_normal_kernel_table_follows_one_copy_per_rank(hardware: str) -> None:
     from scipy.optimize import least_squares
 
     from rackSim.perf.comm import alltoall_layer_ms
+    from rackSim.perf.moe import dispatched_tokens
 
     hw = _specs("qwen3_235b_a22b", hardware)[1]
     t = tp.Tables(hw)
-    df = t.read("comm", "moe_a2a_perf.parquet")
     keys = ["num_tokens", "hidden_size", "topk", "ep_size"]
-    rows = (df[df.comm_backend == "deepep_ht"]
-            .groupby([*keys, "phase"], as_index=False).latency.min()
+    rows = (tp.select(t.read("comm", "moe_a2a_perf.parquet"), {"comm_backend": "deepep_ht"},
+                      [*keys, "phase"], "moe_a2a_perf")
             .groupby(keys, as_index=False).latency.sum())
     n, h, k, ep = (rows[c].to_numpy(dtype=float) for c in keys)
     measured = rows.latency.to_numpy() / 1e3
     nv = hw.nvlink_bw_bytes_s / 1e3
-    counts = {"per rank": n * ep * (1 - (1 - 1 / ep) ** k), "per expert": n * k}
+    counts = {name: np.array([dispatched_tokens(ni * ei, int(ei), int(ki), 1.0, backend)
+                              for ni, ki, ei in zip(n, k, ep, strict=True)])
+              for name, backend in (("per rank", "deepep_high_throughput"),
+                                    ("per expert", "deepep_low_latency"))}
     large = n >= 1024
     err = {}
     for name, copies in counts.items():
