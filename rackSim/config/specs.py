@@ -11,7 +11,15 @@ import math
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 from rackSim.workload.agentx import AgentXSpec
 from rackSim.workload.open_loop import OpenLoopSpec
@@ -184,6 +192,9 @@ class HardwareSpec(StrictModel):
     nvlink_domain_gpus: PositiveInt | None = Field(default=None, description=(
         "GPUs per NVLink domain (72 in an NVL72 rack, 8 in an HGX node; None: the whole "
         "rack); an instance never spans domains"))
+    sms: PositiveInt | None = Field(default=None, description=(
+        "streaming multiprocessors per GPU; dual-batch overlap on DeepEP's normal kernels "
+        "takes `dbo.comm_sms` of them from the compute"))
     kernel_tables: str | None = Field(default=None, description=(
         "aiconfigurator-core system whose measured vLLM kernel tables describe this GPU "
         "(systems/data/<name>); racksim-calibrate profile fits to them"))
@@ -230,6 +241,22 @@ class SpeculativeSpec(StrictModel):
 All2allBackend = Literal["deepep_high_throughput", "deepep_low_latency"]
 
 
+class DboSpec(StrictModel):
+    """Dual-batch overlap of a DEP instance (vLLM `--enable-dbo`, docs/perf.md): a step whose
+    every DP rank has at least the threshold's tokens runs as two microbatches, the MoE
+    all-to-all of one hidden behind the other's compute."""
+
+    enabled: bool = Field(default=False, description="split eligible steps in two microbatches")
+    decode_token_threshold: NonNegativeInt = Field(default=32, description=(
+        "tokens every rank needs in a decode-only step (vLLM --dbo-decode-token-threshold)"))
+    prefill_token_threshold: NonNegativeInt = Field(default=512, description=(
+        "tokens every rank needs in a step with prefill in it (vLLM "
+        "--dbo-prefill-token-threshold)"))
+    comm_sms: NonNegativeInt = Field(default=20, description=(
+        "SMs DeepEP's normal (high-throughput) kernels hold while they overlap, taken from "
+        "the compute (vLLM VLLM_DBO_COMM_SMS); the low-latency kernels hold none"))
+
+
 class PrefillSpec(StrictModel):
     instances: int = Field(ge=0, description=(
         "prefill instances per rack (0: this rack group only decodes)"))
@@ -238,6 +265,7 @@ class PrefillSpec(StrictModel):
     all2all_backend: All2allBackend = Field(default="deepep_high_throughput", description=(
         "DEP all-to-all kernels; vLLM's guide pairs prefill with DeepEP's normal "
         "(high-throughput) kernels"))
+    dbo: DboSpec = DboSpec()
     max_num_batched_tokens: PositiveInt = Field(description="token budget per step per rank")
     max_num_seqs: PositiveInt = 64
 
@@ -250,6 +278,7 @@ class DecodeSpec(StrictModel):
     all2all_backend: All2allBackend = Field(default="deepep_low_latency", description=(
         "DEP all-to-all kernels; vLLM's guide pairs decode with DeepEP's low-latency kernels "
         "(CUDA graphs)"))
+    dbo: DboSpec = DboSpec()
     max_num_seqs_per_rank: PositiveInt
     kv_load_cap_per_step: PositiveInt | None = Field(
         default=None, description=(
@@ -276,6 +305,7 @@ class ColocatedSpec(StrictModel):
     all2all_backend: All2allBackend = Field(default="deepep_low_latency", description=(
         "DEP all-to-all kernels, one for all the instance's steps (vLLM picks one backend per "
         "instance)"))
+    dbo: DboSpec = DboSpec()
     max_num_batched_tokens: PositiveInt = Field(description=(
         "token budget per step per rank: decode tokens (1 + drafts per request) first, then "
         "prefill chunks"))
@@ -638,6 +668,28 @@ class RunConfig(StrictModel):
                 f"racks moves KV between racks over the scale-out network; give {hw.name} both")
         return self
 
+    def _check_dbo(self, spec: PrefillSpec | DecodeSpec | ColocatedSpec, at: str) -> None:
+        """Dual-batch overlap needs an all-to-all to hide (a DEP instance of 2+ GPUs) and,
+        on DeepEP's normal kernels, the GPU's SM count to take `comm_sms` from."""
+        hw = self.hardware
+        width = spec.gpus_per_instance if isinstance(spec, PrefillSpec) else spec.gpus
+        if spec.parallelism != "DEP" or width < 2:
+            raise ValueError(
+                f"{at}.dbo.enabled: dual-batch overlap hides a DEP instance's expert all-to-all "
+                f"and a {spec.parallelism}{width} instance has none (vLLM needs "
+                "--data-parallel-size > 1 with --enable-expert-parallel); set it false")
+        if spec.all2all_backend != "deepep_high_throughput":
+            return
+        if hw.sms is None:
+            raise ValueError(
+                f"hardware.sms: {hw.name} gives no SM count, which {at}.dbo needs (DeepEP's "
+                "normal kernels take dbo.comm_sms of them from the compute); add it to the "
+                "hardware file")
+        if spec.dbo.comm_sms >= hw.sms:
+            raise ValueError(
+                f"{at}.dbo.comm_sms={spec.dbo.comm_sms}: {hw.name} has {hw.sms} SMs and the "
+                "compute needs some; lower it")
+
     def _check_layout(self, g: RackGroupSpec, where: str) -> None:
         """One rack group's layout: fits its rack and NVLink domains, spreads the experts,
         leaves KV room. `where` prefixes field names (`groups[1].` for a rack group)."""
@@ -667,6 +719,10 @@ class RunConfig(StrictModel):
                 f"deployment.{where}prefill/decode: {parts}-GPU instances cannot be packed "
                 f"into {hw.gpus_per_rack // hw.domain_gpus} NVLink domains of {hw.domain_gpus} "
                 "GPUs without splitting one; change the widths or counts")
+        for role, spec, n in (("prefill", p, p.instances), ("decode", dec, dec.instances),
+                              ("colocated", col, g.colocated_instances)):
+            if n and spec.dbo.enabled:
+                self._check_dbo(spec, f"deployment.{where}{role}")
         experts = m.num_routed_experts + d.eplb.redundant_experts
         for field, ep, n in widths:
             if n and experts % ep:

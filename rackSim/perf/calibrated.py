@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from itertools import compress
 from pathlib import Path
 
+from rackSim.config.errors import ScenarioError
 from rackSim.config.specs import RunConfig
 from rackSim.perf.attention import attention_cost
 from rackSim.perf.comm import allreduce_ms, alltoall_layer_ms
@@ -40,6 +41,13 @@ from rackSim.perf.moe import (
     dispatched_tokens,
     experts_hit_random,
     moe_rank_ms,
+)
+from rackSim.perf.overlap import (
+    dual_batch_ms,
+    least_rank_tokens,
+    microbatched,
+    prefill_microbatch,
+    split_alltoall_ms,
 )
 from rackSim.perf.prefill_opts import (
     PrefillOptimisations,
@@ -190,6 +198,19 @@ class CalibratedStepModel:
                and "a2a_ht_op_us" in p.params else "a2a")
         self._a2a_op_ms = p.value(f"{a2a}_op_us") / MS
         self._a2a_nvlink_ms = hw.nvlink_bw_bytes_s / MS * p.value(f"{a2a}_nvlink_efficiency")
+        #: dual-batch overlap (`overlap.py`): the spec's settings, None when off
+        self._dbo = spec.dbo if spec.dbo.enabled else None
+        #: compute slowdown while DeepEP's normal kernels hold `comm_sms` of the SMs
+        self._dbo_compute = 1.0
+        if self._dbo is not None:
+            if self.moe_kernel_name == "megamoe":
+                raise ScenarioError(
+                    f"deployment.{role}.dbo.enabled: profile '{p.name}' prices the MoE as the "
+                    "fused MegaMoE kernel, whose dispatch and combine run inside it, so there "
+                    "is no separate all-to-all for dual-batch overlap to hide; set it false, "
+                    "or use a profile of DeepEP all-to-all kernels (a generated profile)")
+            if self._all2all == "deepep_high_throughput":
+                self._dbo_compute = hw.sms / (hw.sms - self._dbo.comm_sms)
         # TP all-reduce: its own fitted speeds when the profile has them (kernel-table
         # profiles), else the all-to-all's
         ar = "tp_allreduce" if "tp_allreduce_op_us" in p.params else "a2a"
@@ -444,6 +465,9 @@ class CalibratedStepModel:
         # no EPLB epoch starts before `_b_until`: most steps need not ask `balancedness`
         b_t, b_d = self._b if step < self._b_until else self.balancedness(step)
         self.last_balancedness = b_t
+        if self._dbo is not None and microbatched(
+                [r * q for r in reqs], self._dbo.decode_token_threshold):
+            return self._decode_dbo(batch, q, b_t, b_d)
         key = (total, q, b_t, b_d, n)
         shape = self._cache.get(key)
         if shape is None:
@@ -481,6 +505,41 @@ class CalibratedStepModel:
         # positional (the field order): one per simulated step, kwargs cost a third more
         return StepBreakdown(moe, attention, indexer, dense, comm, draft, cpu, self._sync_ms,
                              self._straggler(gpu))
+
+    def _decode_dbo(self, batch: DecodeBatch, q: int, b_t: float, b_d: float
+                    ) -> StepBreakdown:
+        """A DEP decode step as two microbatches of half of every rank's requests
+        (`_overlapped`); the draft model runs once over the whole batch."""
+        reqs, n = batch.requests_per_rank, len(batch.requests_per_rank)
+        total = sum(reqs)
+        moe, comm = self._moe_comm(self.target, total * q / 2.0, n, b_t)
+        wr, wc = self._busiest_rank([r / 2.0 for r in reqs],
+                                    [c / 2.0 for c in batch.context_tokens_per_rank], q)
+        a = self.attn
+        moe, attention, indexer, dense, comm = self._overlapped(
+            moe, a.decode_attention_ms(wr, wc, q), a.decode_indexer_ms(wr, wc),
+            self._dense_fixed_ms + self._dense_ms(wr * q, wr, 1, True), comm)
+        moe += self._eplb_overhead_ms(batch.step_index)
+        draft = self._draft_ms(total, n, b_d, batch.draft_tokens)
+        gpu = moe + attention + indexer + dense + comm + draft
+        return StepBreakdown(moe, attention, indexer, dense, comm, draft,
+                             self._decode_cpu_ms(batch, gpu), self._sync_ms,
+                             self._straggler(gpu))
+
+    def _overlapped(self, moe: float, attention: float, indexer: float, dense: float,
+                    comm: float) -> tuple[float, float, float, float, float]:
+        """The GPU parts of a step run as two microbatches, from one microbatch's parts (ms):
+        the compute parts twice (slowed while DeepEP's normal kernels hold SMs), and as
+        `comm` the all-to-all the overlap leaves exposed (`overlap.dual_batch_ms`)."""
+        s = self._dbo_compute
+        moe, attention, indexer, dense = moe * s, attention * s, indexer * s, dense * s
+        layers = self.target.layers
+        dispatch, combine = split_alltoall_ms(comm, layers, self._a2a_op_ms)
+        step = dual_batch_ms(attention + indexer + dense, moe, dispatch, combine,
+                             self.cfg.model.num_layers, layers)
+        compute = 2.0 * (moe + attention + indexer + dense)
+        return (2.0 * moe, 2.0 * attention, 2.0 * indexer, 2.0 * dense,
+                max(step - compute, 0.0))
 
     def _decode_cpu_ms(self, batch: DecodeBatch, gpu_ms: float) -> float:
         """Exposed CPU of a decode step (`cpu.exposed_cpu_ms`): the fitted per-step residual
@@ -595,7 +654,13 @@ class CalibratedStepModel:
         n = batch.ranks
         self._prefill_steps += 1
         b = self.balancedness(self._prefill_steps)[0] if self.ranks == n else 1.0
-        (moe, attention, indexer, dense, comm), cpu = self._prefill_parts(batch, b)
+        if self._dbo is not None and microbatched([least_rank_tokens(batch)],
+                                                  self._dbo.prefill_token_threshold):
+            # the microbatch keeps the step's admissions and host loads: its CPU is the step's
+            half, cpu = self._prefill_parts(prefill_microbatch(batch), b)
+            moe, attention, indexer, dense, comm = self._overlapped(*half)
+        else:
+            (moe, attention, indexer, dense, comm), cpu = self._prefill_parts(batch, b)
         sync = self._sync_ms if n == self.ranks else allreduce_ms(
             self.allreduce, n // self.tp, self.profile.value("allreduce_call_ms"),
             self.profile.value("allreduce_hop_ms"))
@@ -631,13 +696,34 @@ class CalibratedStepModel:
                                self.attn.decode_indexer_ms(total, ctx))
             draft = self._tp_draft_ms(total, decode.draft_tokens)
         else:
-            wr, wc = self._busiest_rank(reqs, ctxs, q)
-            dec = _DecodeShare(total * q, wr * q, total, wr,
-                               self.attn.decode_attention_ms(wr, wc, q),
-                               self.attn.decode_indexer_ms(wr, wc))
             draft = self._draft_ms(total, len(reqs), b_d, decode.draft_tokens)
+            if self._dbo is not None and microbatched(
+                    [min(reqs) * q + least_rank_tokens(prefill)],
+                    self._dbo.prefill_token_threshold):
+                # two microbatches, each half the prefill chunks and half of every rank's
+                # decoding requests; the step's CPU (`prefill_microbatch`)
+                half, cpu = self._prefill_parts(
+                    prefill_microbatch(prefill), b_t,
+                    self._decode_share([r / 2.0 for r in reqs], [c / 2.0 for c in ctxs], q))
+                moe, attention, indexer, dense, comm = self._overlapped(*half)
+                return self._mixed(moe, attention, indexer, dense, comm, draft, cpu,
+                                   decode.step_index)
+            dec = self._decode_share(reqs, ctxs, q)
         (moe, attention, indexer, dense, comm), cpu = self._prefill_parts(prefill, b_t, dec)
-        moe += self._eplb_overhead_ms(decode.step_index)
+        return self._mixed(moe, attention, indexer, dense, comm, draft, cpu, decode.step_index)
+
+    def _decode_share(self, reqs: Sequence[float], ctxs: Sequence[float], q: int
+                      ) -> _DecodeShare:
+        """The decode part of a DEP colocated step over `reqs` / `ctxs` per rank."""
+        wr, wc = self._busiest_rank(reqs, ctxs, q)
+        total = sum(reqs)
+        return _DecodeShare(total * q, wr * q, total, wr, self.attn.decode_attention_ms(wr, wc, q),
+                            self.attn.decode_indexer_ms(wr, wc))
+
+    def _mixed(self, moe: float, attention: float, indexer: float, dense: float, comm: float,
+               draft: float, cpu: float, step_index: int) -> StepBreakdown:
+        """A colocated step's breakdown from its parts (ms): EPLB copies, straggler."""
+        moe += self._eplb_overhead_ms(step_index)
         gpu = moe + attention + indexer + dense + comm + draft
         return StepBreakdown(moe=moe, attention=attention, indexer=indexer, dense=dense,
                              comm=comm, draft=draft, cpu=cpu, sync=self._sync_ms,
