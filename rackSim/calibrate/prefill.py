@@ -42,7 +42,7 @@ from rackSim.calibrate.scenario import (
     profile_options,
 )
 from rackSim.config.flags import output_file, whole_numbers_above
-from rackSim.config.scenarios import scenario_options
+from rackSim.config.scenarios import scenario_options, with_changes
 from rackSim.perf.calibrated import CalibratedStepModel
 from rackSim.perf.profile import Profile
 from rackSim.perf.step import PrefillBatch
@@ -204,11 +204,11 @@ def aic_engines(widths: Sequence[int]) -> tuple[dict[int, object], str]:
 def prefill_table(profile: Profile, widths: Sequence[int] = WIDTHS,
                   cached: Sequence[int] = CACHED, new: Sequence[int] = NEW,
                   hardware: str = "gb300_nvl72", use_aic: bool = True,
-                  model: str = REFERENCE_MODEL) -> tuple[pd.DataFrame, str]:
+                  model: str = REFERENCE_MODEL, dbo: bool = False) -> tuple[pd.DataFrame, str]:
     """One row per (width, cached, new): uncached tokens/s per GPU of `model` from the model,
     the tables and aiconfigurator (both price the reference model's layers only), and the
-    model's mean step breakdown (ms). Also returns why a column is missing (empty if none
-    is)."""
+    model's mean step breakdown (ms); `dbo`: the model's steps with dual-batch overlap. Also
+    returns why a column is missing (empty if none is)."""
     unused = "aiconfigurator-core not used"
     if use_aic and model != REFERENCE_MODEL:
         use_aic, unused = False, (f"the kernel-table and aiconfigurator columns price "
@@ -221,6 +221,8 @@ def prefill_table(profile: Profile, widths: Sequence[int] = WIDTHS,
     rows = []
     for w in widths:
         cfg = instance_point("prefill", w, hardware=hardware, model=model)
+        if dbo:
+            cfg = with_changes(cfg, deployment={"prefill": {"dbo": {"enabled": True}}})
         b = steady_balancedness(profile, w, hardware, model)
         step_model = CalibratedStepModel(cfg, "prefill", profile=profile,
                                          balancedness=(b, 1.0))
@@ -266,6 +268,9 @@ def _parser() -> argparse.ArgumentParser:
                     metavar="HARDWARE",
                     help="a scenarios/hardware/ option (default: the GPU the profile was "
                          "fitted for)")
+    ap.add_argument("--dbo", action="store_true",
+                    help="the model's steps with dual-batch overlap "
+                         "(deployment.prefill.dbo.enabled; docs/perf.md)")
     ap.add_argument("--no-aic", action="store_true",
                     help="leave out the kernel-table and aiconfigurator columns")
     ap.add_argument("--out", type=output_file, default=None,
@@ -283,9 +288,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     model, fitted_on = profile_options(profile)
     hardware = args.hardware or fitted_on or "gb300_nvl72"
     df, why = prefill_table(profile, args.widths, args.cached, args.new, hardware,
-                            not args.no_aic, model)
+                            not args.no_aic, model, args.dbo)
     print(f"prefill throughput per GPU (uncached tokens/s) of {model} on {hardware}, profile "
-          f"{args.profile}; step parts in ms (model, mean per step)")
+          f"{args.profile}; step parts in ms (model, mean per step)"
+          + ("; dual-batch overlap" if args.dbo else ""))
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(df[COLUMNS].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     if why:

@@ -200,7 +200,7 @@ class CalibratedStepModel:
         self._a2a_nvlink_ms = hw.nvlink_bw_bytes_s / MS * p.value(f"{a2a}_nvlink_efficiency")
         #: dual-batch overlap (`overlap.py`): the spec's settings, None when off
         self._dbo = spec.dbo if spec.dbo.enabled else None
-        #: compute slowdown while DeepEP's normal kernels hold `comm_sms` of the SMs
+        #: DeepGEMM's slowdown on the SMs DeepEP's normal kernels leave it (`_overlapped`)
         self._dbo_compute = 1.0
         if self._dbo is not None:
             if self.moe_kernel_name == "megamoe":
@@ -529,10 +529,12 @@ class CalibratedStepModel:
     def _overlapped(self, moe: float, attention: float, indexer: float, dense: float,
                     comm: float) -> tuple[float, float, float, float, float]:
         """The GPU parts of a step run as two microbatches, from one microbatch's parts (ms):
-        the compute parts twice (slowed while DeepEP's normal kernels hold SMs), and as
-        `comm` the all-to-all the overlap leaves exposed (`overlap.dual_batch_ms`)."""
+        the compute parts twice, and as `comm` the all-to-all the overlap leaves exposed
+        (`overlap.dual_batch_ms`). On DeepEP's normal kernels vLLM gives DeepGEMM, the MoE's
+        and the dense FP8 GEMMs' kernel, the SMs the communication leaves; attention and the
+        indexer keep theirs (ASSUMED: their kernels are not restricted)."""
         s = self._dbo_compute
-        moe, attention, indexer, dense = moe * s, attention * s, indexer * s, dense * s
+        moe, dense = moe * s, dense * s
         layers = self.target.layers
         dispatch, combine = split_alltoall_ms(comm, layers, self._a2a_op_ms)
         step = dual_batch_ms(attention + indexer + dense, moe, dispatch, combine,

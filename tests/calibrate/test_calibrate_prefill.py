@@ -143,3 +143,19 @@ def test_cli_refuses_values_that_are_not_a_grid(flag, value, says,
     with pytest.raises(SystemExit) as ex:
         main(["prefill", "--no-aic", flag, value])
     assert ex.value.code == 2 and f"argument {flag}: {says}" in capsys.readouterr().err
+
+
+def test_cli_prices_steps_with_dual_batch_overlap(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--dbo`: the steps as two microbatches. At the SGLang GB200 operating point the
+    all-to-all (a third of the step) hides behind the other microbatch's compute: faster,
+    and exposed communication under a fifth of what it was. The reference profile's fused
+    MegaMoE kernel has none to hide: exit 2, naming the key."""
+    v3 = Profile.load("calibration/gb200_nvl72__deepseek_v3.yaml")
+    (off, _), (on, _) = (prefill_table(v3, [8], [0], [2000], "gb200_nvl72", False,
+                                       "deepseek_v3", dbo) for dbo in (False, True))
+    assert on["model_tok_s_gpu"][0] > 1.1 * off["model_tok_s_gpu"][0]
+    assert on["comm"][0] < 0.2 * off["comm"][0]
+    assert main(["prefill", "--dbo", "--no-aic", "--widths", "2", "--cached", "0",
+                 "--new", "2000"]) == 2
+    assert "deployment.prefill.dbo.enabled: profile 'gb300__deepseek_v4_1_flash'" in \
+        capsys.readouterr().err

@@ -144,20 +144,21 @@ def test_one_rank_below_the_threshold_vetoes_the_overlap() -> None:
 
 
 def test_an_overlapped_prefill_step_is_the_schedule_of_its_microbatch() -> None:
-    """The step's GPU time is `dual_batch_ms` of the microbatch priced alone, its compute
-    slowed by 148 / (148 - 20) while DeepEP's normal kernels hold 20 of GB200's SMs; the
-    exposed all-to-all is what the schedule adds to the compute."""
+    """The step's GPU time is `dual_batch_ms` of the microbatch priced alone, its DeepGEMM
+    kernels (MoE, dense GEMMs) slowed by 148 / (148 - 20) on the SMs DeepEP's normal kernels
+    leave of GB200's; the exposed all-to-all is what the schedule adds to the compute."""
     on = _model("prefill", "deployment.prefill.dbo.enabled=true")
     off = _model("prefill")
     step = expected(on.prefill_step(PREFILL), on)
     half = off.prefill_step(prefill_microbatch(PREFILL))
     s = 148 / 128
-    outside = (half.attention + half.indexer + half.dense) * s
+    outside = half.attention + half.indexer + half.dense * s
     dispatch, combine = split_alltoall_ms(half.comm, 58, off._a2a_op_ms)
     assert _gpu(step) == pytest.approx(
         dual_batch_ms(outside, half.moe * s, dispatch, combine, 61, 58), rel=1e-12)
     assert step.moe == pytest.approx(2 * half.moe * s, rel=1e-12)
     assert step.dense == pytest.approx(2 * half.dense * s, rel=1e-12)
+    assert step.attention == pytest.approx(2 * half.attention, rel=1e-12)
 
 
 def test_the_low_latency_kernels_take_no_sms() -> None:
@@ -169,7 +170,7 @@ def test_the_low_latency_kernels_take_no_sms() -> None:
     half = _model("prefill", *ll[:1]).prefill_step(prefill_microbatch(PREFILL))
     step = on.prefill_step(PREFILL)
     assert step.moe == pytest.approx(2 * half.moe, rel=1e-12)
-    assert step.attention == pytest.approx(2 * half.attention, rel=1e-12)
+    assert step.dense == pytest.approx(2 * half.dense, rel=1e-12)
 
 
 def test_overlap_hides_prefill_all_to_all_and_reads_decode_weights_twice() -> None:
