@@ -50,6 +50,25 @@ def test_gqa_moe_model_routes_experts_over_ep_ranks() -> None:
     assert decode.balancedness.between(0.05, 1.0).all()
 
 
+def test_dual_batch_overlap_hides_the_prefill_all_to_all() -> None:
+    """`dbo.enabled` on both instances of the MoE model (DeepEP kernels): prefill steps with
+    at least 512 tokens on each of the 4 ranks run as two microbatches and expose a smaller
+    share of all-to-all than without; decode steps hold a few requests a rank, below the
+    32-token threshold, and are priced as without the overlap (the same all-to-all share)."""
+    lay = ("deployment.prefill.instances=1", "deployment.prefill.gpus_per_instance=4")
+    dbo = ("deployment.prefill.dbo.enabled=true", "deployment.decode.dbo.enabled=true")
+    (_, off), (_, on) = (_run("qwen3_235b_a22b", *lay, *extra) for extra in ((), dbo))
+    assert on.summary["requests_finished"] > 0
+
+    def share(result, prefill: bool):
+        steps = result.steps
+        pick = steps.prefill_tokens >= 4 * 512 if prefill else steps.decode_requests > 0
+        return (steps.comm_ms[pick] / steps.duration_ms[pick]).mean()
+
+    assert share(on, True) < 0.5 * share(off, True)
+    assert share(on, False) == pytest.approx(share(off, False), rel=0.05)
+
+
 @pytest.mark.slow
 def test_two_models_by_three_gpus_sweep_from_one_line(tmp_path) -> None:
     """One `racksim -m` line: each job picks its pair's profile by interpolating the chosen
