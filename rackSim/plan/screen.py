@@ -59,12 +59,13 @@ class Rejected:
 
 def colocated_settings(cfg: RunConfig, space: Space) -> dict:
     """The colocated instances' settings a candidate takes: the scenario's
-    `deployment.colocated`, or the decode instance's batch and speculative decoding with the
-    space's token budget."""
+    `deployment.colocated`, or the decode instance's batch, all-to-all kernels, dual-batch
+    overlap and speculative decoding with the space's token budget."""
     if cfg.deployment.colocated is not None:
         return cfg.deployment.colocated.model_dump()
     dec = cfg.deployment.decode
     return {"instances": 0, "gpus": dec.gpus, "parallelism": "DEP",
+            "all2all_backend": dec.all2all_backend, "dbo": dec.dbo.model_dump(),
             "max_num_batched_tokens": space.colocated_budget_tokens,
             "max_num_seqs_per_rank": dec.max_num_seqs_per_rank,
             "speculative": dec.speculative.model_dump()}

@@ -271,3 +271,23 @@ def test_a_generated_model_on_another_gpu_screens_with_its_own_profile(tmp_path)
                            inputs.plan.option("h200_hgx").profile)
     assert priced.perf.profile.name == "h200_hgx__qwen3_235b_a22b.yaml"
     assert priced.model.num_routed_experts == 128 and priced.hardware.name.startswith("H200")
+
+
+def test_colocated_candidates_take_the_decode_instances_overlap_and_kernels():
+    """A disaggregated scenario's colocated candidates serve as its decode instances do: the
+    same all-to-all kernels and dual-batch overlap settings (here on, for a model served with
+    DeepEP kernels), so `racksim-plan ... deployment.decode.dbo.enabled=true` prices both
+    families with it."""
+    from rackSim.config import compose_scenario
+    from rackSim.plan.layout import RackLayout
+    from rackSim.plan.screen import layout_config
+
+    cfg = compose_scenario([
+        "model=deepseek_v3", "perf.profile=calibration/gb300_nvl72__deepseek_v3.yaml",
+        "perf.weight_dtype=fp8", "deployment.prefill.gpus_per_instance=4",
+        "deployment.decode.dbo.enabled=true", "deployment.decode.dbo.decode_token_threshold=64"])
+    col = layout_config(cfg, load_hardware("gb300_nvl72"),
+                        RackLayout("colocated", 0, 0, 0, 0, 2, 16), space=Space()
+                        ).deployment.colocated
+    assert col.dbo == cfg.deployment.decode.dbo and col.dbo.decode_token_threshold == 64
+    assert col.all2all_backend == cfg.deployment.decode.all2all_backend
