@@ -2,9 +2,10 @@
 
 No request lost or duplicated, tokens conserved, causality (stage times ordered, a request is
 sent only after what it waits on), token times monotonic, determinism per seed. Scenarios
-cover every router, push and pull, KV-load caps, host offload on and off, and every workload
-source: closed loop (synthetic, AgentX, a JSONL pool) and open loop (the Mooncake and Azure
-traces). The quick profile runs a few dozen; `HYPOTHESIS_PROFILE=deep` runs 1,000 per test.
+cover every router, push and pull, KV-load caps, host offload on and off, dual-batch overlap
+(on a model served with DeepEP kernels), and every workload source: closed loop (synthetic,
+AgentX, a JSONL pool) and open loop (the Mooncake and Azure traces). The quick profile runs a
+few dozen; `HYPOTHESIS_PROFILE=deep` runs 1,000 per test.
 """
 
 from __future__ import annotations
@@ -112,6 +113,60 @@ def test_invariants(smoke_cfg, tmp_path, p):
     sim, out = _run(cfg, sessions)
     assert len(out.requests) >= p["concurrency"]  # every lane sent at least once
     _check(sessions, sim, out)
+
+
+overlap = st.fixed_dictionaries({
+    "concurrency": st.integers(1, 12),
+    "router": st.sampled_from(["least_loaded", "prefix_affinity"]),
+    "mode": st.sampled_from(["push", "pull"]),
+    "prefill_dbo": st.booleans(),
+    "decode_dbo": st.booleans(),
+    "decode_threshold": st.sampled_from([2, 8, 32]),
+    "prefill_threshold": st.sampled_from([2, 512]),
+    "seed": st.integers(0, 2**16),
+})
+
+
+@functools.cache
+def _moe_scenario():
+    """Qwen3-235B-A22B on one H200 node (DeepEP all-to-all kernels, so dual-batch overlap
+    applies): DEP4 prefill + DEP4 decode, no drafts."""
+    return compose_scenario([
+        "experiment=smoke", "progress=false", "model=qwen3_235b_a22b", "hardware=h200_hgx",
+        "perf.profile=calibration/h200_hgx__qwen3_235b_a22b.yaml", "perf.weight_dtype=fp8",
+        "workload=synthetic", "workload.synthetic.max_context_tokens=32768",
+        "deployment.prefill.instances=1", "deployment.prefill.gpus_per_instance=4",
+        "deployment.decode.speculative.num_draft_tokens=0",
+        "deployment.decode.speculative.accepted_tokens_per_step=1"])
+
+
+def _overlap_cfg(p):
+    syn = {**SMALL_SYNTHETIC, "max_context_tokens": 32768}
+    dbo = {"decode_token_threshold": p["decode_threshold"],
+           "prefill_token_threshold": p["prefill_threshold"]}
+    return with_changes(
+        _moe_scenario(), seed=p["seed"], trace_tokens=True,
+        deployment={"router": p["router"], "kv_transfer": {"mode": p["mode"]},
+                    "prefill": {"dbo": {**dbo, "enabled": p["prefill_dbo"]}},
+                    "decode": {"dbo": {**dbo, "enabled": p["decode_dbo"]}}},
+        workload={"num_sessions": 4, "synthetic": syn,
+                  "replay": {"concurrency": p["concurrency"], "warmup_requests_per_lane": 0,
+                             "window_s": 5.0, "drain_s": 600.0}})
+
+
+@settings(max_examples=1000 if DEEP else 8, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(p=overlap)
+def test_invariants_with_dual_batch_overlap(p):
+    """A model served with DeepEP kernels, dual-batch overlap on or off per instance, at
+    thresholds low enough that decode steps split too: the same invariants, and steps that
+    run without events (a split decode step is priced afresh each step, never repeated) as
+    they would with one each."""
+    cfg = _overlap_cfg(p)
+    sessions = load_sessions(cfg.workload, cfg.seed)
+    sim, out = _run(cfg, sessions)
+    _check(sessions, sim, out)
+    assert_same_with_an_event_in_every_step(cfg)
 
 
 traces = st.fixed_dictionaries({
