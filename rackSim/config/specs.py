@@ -669,10 +669,14 @@ class RunConfig(StrictModel):
         return self
 
     def _check_dbo(self, spec: PrefillSpec | DecodeSpec | ColocatedSpec, at: str) -> None:
-        """Dual-batch overlap needs an all-to-all to hide (a DEP instance of 2+ GPUs) and,
-        on DeepEP's normal kernels, the GPU's SM count to take `comm_sms` from."""
+        """Dual-batch overlap needs an all-to-all to hide (experts, a DEP instance of 2+ GPUs)
+        and, on DeepEP's normal kernels, the GPU's SM count to take `comm_sms` from."""
         hw = self.hardware
         width = spec.gpus_per_instance if isinstance(spec, PrefillSpec) else spec.gpus
+        if not self.model.num_routed_experts:
+            raise ValueError(
+                f"{at}.dbo.enabled: dual-batch overlap hides the expert all-to-all and model "
+                f"{self.model.name} has no routed experts; set it false")
         if spec.parallelism != "DEP" or width < 2:
             raise ValueError(
                 f"{at}.dbo.enabled: dual-batch overlap hides a DEP instance's expert all-to-all "

@@ -214,6 +214,8 @@ def test_a_fused_megamoe_profile_has_nothing_to_overlap() -> None:
     (["hardware.sms=null", "deployment.prefill.dbo.enabled=true"], r"hardware\.sms: GB200"),
     (["deployment.prefill.dbo.comm_sms=148", "deployment.prefill.dbo.enabled=true"],
      r"deployment\.prefill\.dbo\.comm_sms=148: .*148 SMs"),
+    (["model=meta_llama_3_1_70b", "perf.profile=calibration/gb200_nvl72__meta_llama_3_1_70b.yaml",
+      "deployment.decode.dbo.enabled=true"], r"deployment\.decode\.dbo\.enabled: .*no routed"),
 ])
 def test_scenarios_the_overlap_cannot_run_are_refused(overrides: list[str], match: str) -> None:
     with pytest.raises(ScenarioError, match=match):
