@@ -114,10 +114,13 @@ def operating_point(*, hardware: str = "gb300_nvl72", decode_gpus: int = 32,
                     prefill_gpus: int = 2, eplb: bool = True, redundant_experts: int = 0,
                     allreduce: str = "recursive_doubling", profile: Path | None = None,
                     model: str = REFERENCE_MODEL,
-                    deployment: str = "agentx_p8_dep32", parallelism: str = "DEP") -> RunConfig:
+                    deployment: str = "agentx_p8_dep32", parallelism: str = "DEP",
+                    domains_per_rack: int | None = None) -> RunConfig:
     """A validated RunConfig for one layout: one prefill instance of `prefill_gpus` GPUs and
     one decode instance of `decode_gpus` GPUs (so any DEP width up to 64 fits one rack), both
-    with `parallelism` ('DEP' or 'TP').
+    with `parallelism` ('DEP' or 'TP'). `domains_per_rack`: the rack holds that many of the
+    hardware's NVLink domains (an HGX node is one; two let an 8-wide instance sit beside
+    another).
     Cached: RunConfig is frozen, and fits evaluate the same points many times."""
     dep = _read("deployment", deployment)
     dep["prefill"] = {**dep["prefill"], "instances": 1, "gpus_per_instance": prefill_gpus,
@@ -129,7 +132,11 @@ def operating_point(*, hardware: str = "gb300_nvl72", decode_gpus: int = 32,
     if profile is not None:
         perf = {"model": "calibrated", "profile": str(profile)}
     workload, dotted = model_adjustments(model)
-    tree = {"model": _read("model", model), "hardware": _read("hardware", hardware),
+    hw = _read("hardware", hardware)
+    if domains_per_rack is not None:
+        hw["gpus_per_rack"] = domains_per_rack * (hw.get("nvlink_domain_gpus")
+                                                  or hw["gpus_per_rack"])
+    tree = {"model": _read("model", model), "hardware": hw,
             "deployment": dep, "workload": _read("workload", workload),
             "pricing": _read("pricing", default_choice("pricing")), "perf": perf, "progress": False}
     _apply(tree, dotted)
@@ -140,15 +147,19 @@ def instance_point(role: str, gpus: int, *, hardware: str, model: str = REFERENC
                    **layout: Any) -> RunConfig:
     """`operating_point` for pricing one instance, `role` 'prefill' or 'decode', of `gpus`
     GPUs: beside it the narrowest instance of the other role (2, 4 or 8 GPUs) that holds the
-    model's weights and fits the rack. That one is not priced; the scenario only needs it to
-    validate. The last layout's ConfigError if none fits (the instance alone may not)."""
-    error: ConfigError | None = None
-    for other in (2, 4, 8):
-        widths = ({"decode_gpus": gpus, "prefill_gpus": other} if role == "decode"
-                  else {"prefill_gpus": gpus, "decode_gpus": other})
-        try:
-            return operating_point(hardware=hardware, model=model, **widths, **layout)
-        except ConfigError as err:
-            error = err
-    assert error is not None
-    raise error
+    model's weights and fits the rack, or, when none does (an instance as wide as an HGX
+    node), fits a rack of two of its NVLink domains. That one is not priced (an instance's
+    price depends on its own NVLink domain, not on the rack); the scenario only needs it to
+    validate. If none fits, the ConfigError of the widest layout in the real rack (the
+    instance alone may not fit)."""
+    errors: list[ConfigError] = []
+    for domains in (None, 2):
+        for other in (2, 4, 8):
+            widths = ({"decode_gpus": gpus, "prefill_gpus": other} if role == "decode"
+                      else {"prefill_gpus": gpus, "decode_gpus": other})
+            try:
+                return operating_point(hardware=hardware, model=model, **widths, **layout,
+                                       domains_per_rack=domains)
+            except ConfigError as err:
+                errors.append(err)
+    raise errors[2]

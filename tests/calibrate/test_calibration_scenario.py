@@ -65,7 +65,14 @@ def test_an_instance_is_priced_beside_the_narrowest_instance_that_fits() -> None
     # GPUs of the rack for its prefill instance
     cfg = instance_point("decode", 64, hardware="gb200_nvl72", model="deepseek_v3")
     assert (cfg.deployment.prefill.gpus_per_instance, cfg.deployment.decode.gpus) == (8, 64)
-    # nothing fits beside an 8-GPU instance in an 8-GPU HGX node: the last layout's message
-    with pytest.raises(ConfigError, match=r"1 prefill x 8 \+ 1 decode x 8\) but "
+    # nothing fits beside an 8-GPU instance in an 8-GPU HGX node: the other instance goes to
+    # a second NVLink domain of the rack (the priced instance still has one domain, as a node)
+    cfg = instance_point("decode", 8, hardware="h200_hgx", model="qwen3_235b_a22b")
+    assert (cfg.deployment.decode.gpus, cfg.hardware.domain_gpus) == (8, 8)
+    assert cfg.hardware.gpus_per_rack == 16
+    assert instance_point("prefill", 4, hardware="h200_hgx", model="qwen3_235b_a22b"
+                          ).hardware.gpus_per_rack == 8
+    # an instance wider than a node fits no rack: the message of the real rack
+    with pytest.raises(ConfigError, match=r"1 prefill x 16 \+ 1 decode x 8\) but "
                                           r"hardware.gpus_per_rack=8"):
-        instance_point("decode", 8, hardware="h200_hgx", model="qwen3_235b_a22b")
+        instance_point("prefill", 16, hardware="h200_hgx", model="qwen3_235b_a22b")
