@@ -36,8 +36,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="decode requests per rank (--explain)")
     ap.add_argument("--context", type=positive_int, default=131072,
                     help="context tokens per request (--explain)")
-    ap.add_argument("--widths", type=whole_numbers_above(0), default=[4, 8, 16, 32, 64],
-                    help="DEP widths, comma-separated (--explain; default 4,8,16,32,64)")
+    ap.add_argument("--widths", type=whole_numbers_above(0), default=None,
+                    help="DEP widths, comma-separated (--explain; default: those of "
+                         "4,8,16,32,64 one NVLink domain of the hardware holds)")
     ap.add_argument("--hardware", choices=scenario_options("hardware"), default=None,
                     metavar="HARDWARE",
                     help="a scenarios/hardware/ option (--explain; default: the GPU the "

@@ -13,12 +13,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from rackSim.calibrate.scenario import REFERENCE_MODEL, instance_point, profile_options
+from rackSim.calibrate.scenario import (
+    REFERENCE_MODEL,
+    hardware_spec,
+    instance_point,
+    profile_options,
+)
 from rackSim.perf.calibrated import CalibratedStepModel
 from rackSim.perf.profile import Profile
 from rackSim.perf.step import COMPONENTS, DecodeBatch
 
 ALGORITHMS = ("ring", "recursive_doubling")
+#: the DEP widths explained by default, as far as one NVLink domain holds them
+WIDTHS = (4, 8, 16, 32, 64)
 
 
 def breakdown_table(profile: Profile, widths: list[int], requests_per_rank: int, context: int,
@@ -53,14 +60,18 @@ def breakdown_table(profile: Profile, widths: list[int], requests_per_rank: int,
     return pd.DataFrame(rows)
 
 
-def explain(profile_path: Path, widths: list[int], requests_per_rank: int = 64,
+def explain(profile_path: Path, widths: list[int] | None, requests_per_rank: int = 64,
             context: int = 131072, hardware: str | None = None) -> str:
-    """The decode step breakdown table at each DEP width of `widths`, priced by the profile
-    at `profile_path` (given as `--profile`: a ProfileInputError names that flag) for the
-    model it was fitted for, on `hardware` (None: the GPU it was fitted for)."""
+    """The decode step breakdown table at each DEP width of `widths` (None: those of
+    `WIDTHS` one NVLink domain of the hardware holds), priced by the profile at
+    `profile_path` (given as `--profile`: a ProfileInputError names that flag) for the model
+    it was fitted for, on `hardware` (None: the GPU it was fitted for)."""
     profile = Profile.load(profile_path, "--profile")
     model, fitted_on = profile_options(profile)
     hardware = hardware or fitted_on or "gb300_nvl72"
+    if widths is None:
+        domain = hardware_spec(hardware).domain_gpus
+        widths = [w for w in WIDTHS if w <= domain]
     df = breakdown_table(profile, widths, requests_per_rank, context, hardware, model=model)
     head = (f"decode step breakdown (ms) of {model} on {hardware}, {requests_per_rank} "
             f"requests/rank, {context} context tokens/request, profile {profile_path}")

@@ -11,7 +11,7 @@ import yaml
 from rackSim.config.errors import ProfileInputError
 from rackSim.config.loading import ConfigError, load_run_config
 from rackSim.config.scenarios import scenario_options
-from rackSim.config.specs import ModelSpec, RunConfig
+from rackSim.config.specs import HardwareSpec, ModelSpec, RunConfig
 from rackSim.perf.profile import Profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,6 +107,11 @@ def default_choice(group: str) -> str:
 def _read(group: str, name: str) -> dict[str, Any]:
     data = yaml.safe_load((SCENARIOS / group / f"{name}.yaml").read_text())
     return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+def hardware_spec(name: str) -> HardwareSpec:
+    """The validated spec of `scenarios/hardware/<name>.yaml`."""
+    return HardwareSpec.model_validate(_read("hardware", name))
 
 
 @lru_cache(maxsize=256)

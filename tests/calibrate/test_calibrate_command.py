@@ -75,6 +75,15 @@ def test_headline_with_another_models_profile_names_the_flag(capsys):
         "was fitted for model qwen3_235b_a22b on H200-HGX, not for DeepSeek-V4.1-Flash; ")
 
 
+def test_explain_by_default_takes_the_widths_one_nvlink_domain_holds(capsys):
+    """An 8-GPU HGX node holds DEP4 and DEP8 (the default's 16-64 were refused, ending the
+    command); DEP8 fills the node, its neighbour instance goes to a second domain."""
+    assert main(["--explain", "--profile", "calibration/h200_hgx__qwen3_235b_a22b.yaml",
+                 "--requests-per-rank", "16", "--context", "8192"]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert sorted({int(r.split()[0]) for r in rows}) == [4, 8]
+
+
 def test_explain_width_that_does_not_fit_the_rack_names_it(capsys):
     assert main(["--explain", "--widths", "128"]) == 2
     err = capsys.readouterr().err
