@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
                     metavar="HARDWARE",
                     help="a scenarios/hardware/ option (--explain; default: the GPU the "
                          "profile was fitted for)")
+    ap.add_argument("--dbo", action="store_true",
+                    help="decode steps with dual-batch overlap (--explain; "
+                         "deployment.decode.dbo.enabled; docs/perf.md)")
     return ap
 
 
@@ -79,7 +82,7 @@ def _fit_or_explain(argv: list[str]) -> int:
         from rackSim.calibrate.explain import explain
 
         print(explain(args.profile, args.widths, args.requests_per_rank, args.context,
-                      args.hardware))
+                      args.hardware, args.dbo))
         return 0
     from rackSim.calibrate import aic
     from rackSim.calibrate.fit import AIC_MISSING, calibrate, format_table, write

@@ -19,6 +19,7 @@ from rackSim.calibrate.scenario import (
     instance_point,
     profile_options,
 )
+from rackSim.config.scenarios import with_changes
 from rackSim.perf.calibrated import CalibratedStepModel
 from rackSim.perf.profile import Profile
 from rackSim.perf.step import COMPONENTS, DecodeBatch
@@ -30,15 +31,18 @@ WIDTHS = (4, 8, 16, 32, 64)
 
 def breakdown_table(profile: Profile, widths: list[int], requests_per_rank: int, context: int,
                     hardware: str = "gb300_nvl72", seed: int = 0,
-                    model: str = REFERENCE_MODEL) -> pd.DataFrame:
+                    model: str = REFERENCE_MODEL, dbo: bool = False) -> pd.DataFrame:
     """One row per (width, EPLB on/off, all-reduce): ms per component, step, balancedness,
-    tokens/s per user (accepted tokens per step / step) and output tokens/s per GPU."""
+    tokens/s per user (accepted tokens per step / step) and output tokens/s per GPU; `dbo`:
+    the steps with dual-batch overlap."""
     rows = []
     for w in widths:
         for eplb in (False, True):
             for alg in ALGORITHMS:
                 cfg = instance_point("decode", w, hardware=hardware, eplb=eplb,
                                      allreduce=alg, model=model)
+                if dbo:
+                    cfg = with_changes(cfg, deployment={"decode": {"dbo": {"enabled": True}}})
                 step_model = CalibratedStepModel(cfg, "decode", seed=seed, profile=profile)
                 spec = cfg.deployment.decode.speculative
                 interval = cfg.deployment.eplb.interval_steps
@@ -61,20 +65,23 @@ def breakdown_table(profile: Profile, widths: list[int], requests_per_rank: int,
 
 
 def explain(profile_path: Path, widths: list[int] | None, requests_per_rank: int = 64,
-            context: int = 131072, hardware: str | None = None) -> str:
+            context: int = 131072, hardware: str | None = None, dbo: bool = False) -> str:
     """The decode step breakdown table at each DEP width of `widths` (None: those of
     `WIDTHS` one NVLink domain of the hardware holds), priced by the profile at
     `profile_path` (given as `--profile`: a ProfileInputError names that flag) for the model
-    it was fitted for, on `hardware` (None: the GPU it was fitted for)."""
+    it was fitted for, on `hardware` (None: the GPU it was fitted for); `dbo`: with
+    dual-batch overlap."""
     profile = Profile.load(profile_path, "--profile")
     model, fitted_on = profile_options(profile)
     hardware = hardware or fitted_on or "gb300_nvl72"
     if widths is None:
         domain = hardware_spec(hardware).domain_gpus
         widths = [w for w in WIDTHS if w <= domain]
-    df = breakdown_table(profile, widths, requests_per_rank, context, hardware, model=model)
+    df = breakdown_table(profile, widths, requests_per_rank, context, hardware, model=model,
+                         dbo=dbo)
     head = (f"decode step breakdown (ms) of {model} on {hardware}, {requests_per_rank} "
-            f"requests/rank, {context} context tokens/request, profile {profile_path}")
+            f"requests/rank, {context} context tokens/request, profile {profile_path}"
+            + (", dual-batch overlap" if dbo else ""))
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         body = df.to_string(index=False, float_format=lambda v: f"{v:.3f}")
     return head + "\n" + body

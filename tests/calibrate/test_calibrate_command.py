@@ -84,6 +84,24 @@ def test_explain_by_default_takes_the_widths_one_nvlink_domain_holds(capsys):
     assert sorted({int(r.split()[0]) for r in rows}) == [4, 8]
 
 
+def test_explain_with_dual_batch_overlap(capsys):
+    """`--dbo`: DeepSeek-V3's DEP16 decode at 64 requests a rank splits (256 tokens a rank,
+    threshold 32): the all-to-all hides behind the other microbatch (`comm` 0 to rounding),
+    the MoE grows (its weights read once per microbatch). The reference's MegaMoE profile:
+    exit 2."""
+    v3 = Profile.load("calibration/gb200_nvl72__deepseek_v3.yaml")
+    off, on = (breakdown_table(v3, [16], 64, 4000, "gb200_nvl72", model="deepseek_v3", dbo=d)
+               for d in (False, True))
+    assert (on["comm"] < 1e-9).all() and (off["comm"] > 5).all()
+    assert (on["moe"] > off["moe"]).all()
+    assert main(["--explain", "--profile", "calibration/gb200_nvl72__deepseek_v3.yaml",
+                 "--widths", "16", "--dbo"]) == 0
+    assert ", dual-batch overlap" in capsys.readouterr().out.splitlines()[0]
+    assert main(["--explain", "--widths", "8", "--dbo"]) == 2
+    assert "deployment.decode.dbo.enabled: profile 'gb300__deepseek_v4_1_flash'" in \
+        capsys.readouterr().err
+
+
 def test_explain_width_that_does_not_fit_the_rack_names_it(capsys):
     assert main(["--explain", "--widths", "128"]) == 2
     err = capsys.readouterr().err
