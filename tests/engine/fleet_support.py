@@ -1,10 +1,14 @@
 """Helpers of the engine, fleet and colocated invariant tests: a small synthetic workload,
-the hypothesis depth, one simulation run, and the checks that two runs agree."""
+a model served with DeepEP kernels, the hypothesis depth, one simulation run, and the checks
+that two runs agree."""
 
 from __future__ import annotations
 
+import functools
+
 from hypothesis import settings
 
+from rackSim.config import compose_scenario
 from rackSim.engine.simulation import Simulation
 from rackSim.workload.sources import load_sessions
 
@@ -14,6 +18,19 @@ SMALL_SYNTHETIC = {"turns_mean": 4, "first_prompt_tokens_mean": 3000,
                    "new_tokens_per_turn_mean": 500, "output_tokens_mean": 40,
                    "tool_delay_s_mean": 0.5, "subagent_prob": 0.5, "subagent_fanout_max": 3,
                    "subagent_turns_mean": 2, "max_context_tokens": 131072}
+
+
+@functools.cache
+def moe_scenario():
+    """Qwen3-235B-A22B on one H200 node (DeepEP all-to-all kernels, so dual-batch overlap
+    applies): DEP4 prefill + DEP4 decode, no drafts."""
+    return compose_scenario([
+        "experiment=smoke", "progress=false", "model=qwen3_235b_a22b", "hardware=h200_hgx",
+        "perf.profile=calibration/h200_hgx__qwen3_235b_a22b.yaml", "perf.weight_dtype=fp8",
+        "workload=synthetic", "workload.synthetic.max_context_tokens=32768",
+        "deployment.prefill.instances=1", "deployment.prefill.gpus_per_instance=4",
+        "deployment.decode.speculative.num_draft_tokens=0",
+        "deployment.decode.speculative.accepted_tokens_per_step=1"])
 
 
 def run_sim(cfg):

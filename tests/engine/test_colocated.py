@@ -13,7 +13,7 @@ import math
 from dataclasses import replace
 
 import pytest
-from fleet_support import DEEP, SMALL_SYNTHETIC, assert_same_run_twice, run_sim
+from fleet_support import DEEP, SMALL_SYNTHETIC, assert_same_run_twice, moe_scenario, run_sim
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -44,13 +44,16 @@ fleets = st.fixed_dictionaries({
 })
 
 
-def _colocated(base, p=None, **workload):
+def _colocated(base, p=None, colocated=None, **workload):
+    """`base` as a colocated fleet drawn by `p` (`fleets`); `colocated`: more settings of its
+    instances."""
     p = p or {"racks": 1, "instances": 1, "width": (4, "DEP"), "budget": 4096, "max_seqs": 8,
               "router": "prefix_affinity", "fleet_policy": "session_affinity",
               "concurrency": 8, "sessions": 6, "primer": True, "seed": 0}
     width, par = p["width"]
     col = dict(COLOCATED, instances=p["instances"], gpus=width, parallelism=par,
-               max_num_batched_tokens=p["budget"], max_num_seqs_per_rank=p["max_seqs"])
+               max_num_batched_tokens=p["budget"], max_num_seqs_per_rank=p["max_seqs"],
+               **(colocated or {}))
     return with_changes(
         base, seed=p["seed"], trace_tokens=True,
         deployment={"racks": p["racks"], "router": p["router"],
@@ -67,7 +70,25 @@ def _colocated(base, p=None, **workload):
           suppress_health_check=[HealthCheck.too_slow])
 @given(p=fleets)
 def test_colocated_invariants(smoke_cfg, p):
-    cfg = _colocated(smoke_cfg, p)
+    _check(_colocated(smoke_cfg, p))
+
+
+@settings(max_examples=1000 if DEEP else 6, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(p=fleets, threshold=st.sampled_from([2, 64, 512]))
+def test_colocated_invariants_with_dual_batch_overlap(p, threshold):
+    """The same invariants when colocated DEP4 instances of a model on DeepEP kernels
+    (Qwen3-235B on H200) run their steps as two microbatches wherever every rank holds the
+    threshold's tokens (mixed steps: `prefill_token_threshold`, decode-only steps:
+    `decode_token_threshold`)."""
+    dbo = {"enabled": True, "decode_token_threshold": threshold,
+           "prefill_token_threshold": threshold}
+    _check(_colocated(moe_scenario(), {**p, "width": (4, "DEP")}, {
+        "dbo": dbo, "speculative": {"num_draft_tokens": 0, "accepted_tokens_per_step": 1}}))
+
+
+def _check(cfg) -> None:
+    """Run `cfg` (a colocated fleet) and check the module's invariants."""
     sim, out = run_sim(cfg)
     recs = [r for r in out.requests if r.phase != "primer"]
     assert recs

@@ -19,7 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
-from fleet_support import DEEP, SMALL_SYNTHETIC, assert_same_with_an_event_in_every_step
+from fleet_support import (
+    DEEP,
+    SMALL_SYNTHETIC,
+    assert_same_with_an_event_in_every_step,
+    moe_scenario,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -127,25 +132,12 @@ overlap = st.fixed_dictionaries({
 })
 
 
-@functools.cache
-def _moe_scenario():
-    """Qwen3-235B-A22B on one H200 node (DeepEP all-to-all kernels, so dual-batch overlap
-    applies): DEP4 prefill + DEP4 decode, no drafts."""
-    return compose_scenario([
-        "experiment=smoke", "progress=false", "model=qwen3_235b_a22b", "hardware=h200_hgx",
-        "perf.profile=calibration/h200_hgx__qwen3_235b_a22b.yaml", "perf.weight_dtype=fp8",
-        "workload=synthetic", "workload.synthetic.max_context_tokens=32768",
-        "deployment.prefill.instances=1", "deployment.prefill.gpus_per_instance=4",
-        "deployment.decode.speculative.num_draft_tokens=0",
-        "deployment.decode.speculative.accepted_tokens_per_step=1"])
-
-
 def _overlap_cfg(p):
     syn = {**SMALL_SYNTHETIC, "max_context_tokens": 32768}
     dbo = {"decode_token_threshold": p["decode_threshold"],
            "prefill_token_threshold": p["prefill_threshold"]}
     return with_changes(
-        _moe_scenario(), seed=p["seed"], trace_tokens=True,
+        moe_scenario(), seed=p["seed"], trace_tokens=True,
         deployment={"router": p["router"], "kv_transfer": {"mode": p["mode"]},
                     "prefill": {"dbo": {**dbo, "enabled": p["prefill_dbo"]}},
                     "decode": {"dbo": {**dbo, "enabled": p["decode_dbo"]}}},
