@@ -13,13 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from rackSim.calibrate.scenario import (
-    REFERENCE_MODEL,
-    hardware_spec,
-    instance_point,
-    profile_options,
-)
-from rackSim.config.scenarios import with_changes
+from rackSim.calibrate.scenario import REFERENCE_MODEL, instance_point, profile_options
+from rackSim.config.scenarios import load_hardware, with_changes
 from rackSim.perf.calibrated import CalibratedStepModel
 from rackSim.perf.profile import Profile
 from rackSim.perf.step import COMPONENTS, DecodeBatch
@@ -75,7 +70,7 @@ def explain(profile_path: Path, widths: list[int] | None, requests_per_rank: int
     model, fitted_on = profile_options(profile)
     hardware = hardware or fitted_on or "gb300_nvl72"
     if widths is None:
-        domain = hardware_spec(hardware).domain_gpus
+        domain = load_hardware(hardware).domain_gpus
         widths = [w for w in WIDTHS if w <= domain]
     df = breakdown_table(profile, widths, requests_per_rank, context, hardware, model=model,
                          dbo=dbo)

@@ -11,7 +11,7 @@ import yaml
 from rackSim.config.errors import ProfileInputError
 from rackSim.config.loading import ConfigError, load_run_config
 from rackSim.config.scenarios import scenario_options
-from rackSim.config.specs import HardwareSpec, ModelSpec, RunConfig
+from rackSim.config.specs import ModelSpec, RunConfig
 from rackSim.perf.profile import Profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,11 +109,6 @@ def _read(group: str, name: str) -> dict[str, Any]:
     return {k: v for k, v in data.items() if not k.startswith("_")}
 
 
-def hardware_spec(name: str) -> HardwareSpec:
-    """The validated spec of `scenarios/hardware/<name>.yaml`."""
-    return HardwareSpec.model_validate(_read("hardware", name))
-
-
 @lru_cache(maxsize=256)
 def operating_point(*, hardware: str = "gb300_nvl72", decode_gpus: int = 32,
                     prefill_gpus: int = 2, eplb: bool = True, redundant_experts: int = 0,
@@ -157,7 +152,7 @@ def instance_point(role: str, gpus: int, *, hardware: str, model: str = REFERENC
     price depends on its own NVLink domain, not on the rack); the scenario only needs it to
     validate. If none fits, the ConfigError of the widest layout in the real rack (the
     instance alone may not fit)."""
-    errors: list[ConfigError] = []
+    in_the_rack: ConfigError | None = None
     for domains in (None, 2):
         for other in (2, 4, 8):
             widths = ({"decode_gpus": gpus, "prefill_gpus": other} if role == "decode"
@@ -166,5 +161,7 @@ def instance_point(role: str, gpus: int, *, hardware: str, model: str = REFERENC
                 return operating_point(hardware=hardware, model=model, **widths, **layout,
                                        domains_per_rack=domains)
             except ConfigError as err:
-                errors.append(err)
-    raise errors[2]
+                if domains is None:
+                    in_the_rack = err
+    assert in_the_rack is not None
+    raise in_the_rack

@@ -8,9 +8,19 @@ from pathlib import Path
 from rackSim.config.errors import ScenarioError
 from rackSim.config.flags import unwritable
 from rackSim.config.loading import load_run_config
-from rackSim.config.specs import RunConfig
+from rackSim.config.specs import HardwareSpec, RunConfig
 
 SCENARIOS_DIR = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+def load_hardware(name: str) -> HardwareSpec | None:
+    """The spec of `scenarios/hardware/<name>.yaml`, or None if there is no such file."""
+    import yaml
+
+    path = SCENARIOS_DIR / "hardware" / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    return HardwareSpec.model_validate(yaml.safe_load(path.read_text()))
 
 
 def scenario_options(group: str) -> list[str]:

@@ -513,12 +513,12 @@ class CalibratedStepModel:
         reqs, n = batch.requests_per_rank, len(batch.requests_per_rank)
         total = sum(reqs)
         moe, comm = self._moe_comm(self.target, total * q / 2.0, n, b_t)
-        wr, wc = self._busiest_rank([r / 2.0 for r in reqs],
-                                    [c / 2.0 for c in batch.context_tokens_per_rank], q)
-        a = self.attn
+        half = self._decode_share([r / 2.0 for r in reqs],
+                                  [c / 2.0 for c in batch.context_tokens_per_rank], q)
         moe, attention, indexer, dense, comm = self._overlapped(
-            moe, a.decode_attention_ms(wr, wc, q), a.decode_indexer_ms(wr, wc),
-            self._dense_fixed_ms + self._dense_ms(wr * q, wr, 1, True), comm)
+            moe, half.attention, half.indexer,
+            self._dense_fixed_ms + self._dense_ms(half.rank_tokens, half.rank_requests, 1, True),
+            comm)
         moe += self._eplb_overhead_ms(batch.step_index)
         draft = self._draft_ms(total, n, b_d, batch.draft_tokens)
         gpu = moe + attention + indexer + dense + comm + draft
@@ -716,7 +716,8 @@ class CalibratedStepModel:
 
     def _decode_share(self, reqs: Sequence[float], ctxs: Sequence[float], q: int
                       ) -> _DecodeShare:
-        """The decode part of a DEP colocated step over `reqs` / `ctxs` per rank."""
+        """The decode part of a DEP step over `reqs` / `ctxs` per rank (a colocated step's, or
+        a decode microbatch's): its busiest rank's attention and indexer."""
         wr, wc = self._busiest_rank(reqs, ctxs, q)
         total = sum(reqs)
         return _DecodeShare(total * q, wr * q, total, wr, self.attn.decode_attention_ms(wr, wc, q),

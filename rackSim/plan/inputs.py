@@ -11,19 +11,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
 from pydantic import ValidationError
 
-from rackSim.config import SCENARIOS_DIR, ConfigError, load_run_config, scenario_options
+from rackSim.config import ConfigError, load_run_config, scenario_options
 from rackSim.config.errors import ScenarioError
 from rackSim.config.loading import describe_fields
+from rackSim.config.scenarios import load_hardware
 from rackSim.config.specs import HardwareSpec, RunConfig, resolve_path
 from rackSim.perf.profile import Profile
 from rackSim.plan.layout import RackLayout, smallest_layouts
 from rackSim.plan.spec import PlanSpec, Space
-
-HARDWARE_DIR = SCENARIOS_DIR / "hardware"
 
 
 class PlanError(ScenarioError):
@@ -35,14 +33,6 @@ class PlanInputs:
     plan: PlanSpec
     scenario: RunConfig
     hardware: dict[str, HardwareSpec]
-
-
-def load_hardware(name: str) -> HardwareSpec | None:
-    """The spec of `scenarios/hardware/<name>.yaml`, or None if there is no such file."""
-    path = HARDWARE_DIR / f"{name}.yaml"
-    if not path.is_file():
-        return None
-    return HardwareSpec.model_validate(yaml.safe_load(path.read_text()))
 
 
 def load_plan_inputs(tree: Mapping[str, Any] | DictConfig) -> PlanInputs:
