@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from rackSim.config.specs import DeploymentSpec, RunConfig
+from rackSim.config.specs import DBO_MARK, DeploymentSpec, RunConfig
 from rackSim.engine.simulation import Simulation
 from rackSim.metrics.summary import FleetLayout, Result, summarize, window_mask
 from rackSim.perf.step import COMPONENTS
@@ -34,7 +34,8 @@ ERROR_RECORD = "error.json"
 
 def layout_name(dep: DeploymentSpec) -> str:
     """Short layout label, e.g. `P8xDEP2+DEP32`: prefill instances x their width + decode width
-    (`C3xDEP16`: three colocated DEP16 instances);
+    (`C3xDEP16`: three colocated DEP16 instances; `P4xDEP8(dbo)+DEP32`: the prefill
+    instances with dual-batch overlap);
     a fleet names each rack group as `racks x (layout)` with its decode instances, e.g.
     `14x(P8xDEP2+2xDEP16)` (a part with no instances is left out)."""
     labels = []
@@ -42,12 +43,17 @@ def layout_name(dep: DeploymentSpec) -> str:
         p, d, c = g.prefill, g.decode, g.colocated
         dec = f"{d.instances}x" if d.instances != 1 else ""
         label = "+".join(part for n, part in (
-            (p.instances, f"P{p.instances}x{p.parallelism}{p.gpus_per_instance}"),
-            (d.instances, f"{dec}{d.parallelism}{d.gpus}"),
+            (p.instances, f"P{p.instances}x{p.parallelism}{p.gpus_per_instance}{_dbo(p)}"),
+            (d.instances, f"{dec}{d.parallelism}{d.gpus}{_dbo(d)}"),
             (g.colocated_instances,
-             f"C{g.colocated_instances}x{c.parallelism}{c.gpus}" if c else "")) if n)
+             f"C{g.colocated_instances}x{c.parallelism}{c.gpus}{_dbo(c)}" if c else "")) if n)
         labels.append(label if g.racks == 1 and not dep.groups else f"{g.racks}x({label})")
     return " + ".join(labels)
+
+
+def _dbo(instances) -> str:
+    """`(dbo)` after an instance kind that runs with dual-batch overlap."""
+    return DBO_MARK if instances.dbo.enabled else ""
 
 
 def decode_width(dep: DeploymentSpec) -> int:

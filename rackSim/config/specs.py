@@ -241,6 +241,11 @@ class SpeculativeSpec(StrictModel):
 All2allBackend = Literal["deepep_high_throughput", "deepep_low_latency"]
 
 
+#: after an instance kind in a layout label (`P4xDEP8(dbo)+DEP32`): it runs with dual-batch
+#: overlap
+DBO_MARK = "(dbo)"
+
+
 class DboSpec(StrictModel):
     """Dual-batch overlap of a DEP instance (vLLM `--enable-dbo`, docs/perf.md): a step whose
     every DP rank has at least the threshold's tokens runs as two microbatches, the MoE

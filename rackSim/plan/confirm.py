@@ -56,7 +56,8 @@ def candidate_config(row: pd.Series, plan: PlanSpec, cfg: RunConfig) -> dict:
         agents = math.ceil(row["agents_per_rack"] * (racks if fleet else 1))
     layout = RackLayout(row["family"], *(int(row[c]) for c in (
         "prefill_instances", "prefill_gpus", "decode_instances", "decode_gpus",
-        "colocated_instances", "colocated_gpus")))
+        "colocated_instances", "colocated_gpus")),
+        *(bool(row[c]) for c in ("prefill_dbo", "decode_dbo", "colocated_dbo")))
     deployment: dict = {
         **layout_deployment(cfg, layout, plan.space),
         "name": f"{row['layout']} x{racks}" if fleet else f"{row['layout']} (1 of {racks})",
@@ -76,21 +77,28 @@ def candidate_config(row: pd.Series, plan: PlanSpec, cfg: RunConfig) -> dict:
 
 def write_candidates(rows: pd.DataFrame, plan: PlanSpec, out_dir: Path, cfg: RunConfig
                      ) -> list[str]:
-    """Write each row's config file; returns their ids (`<hardware>_<layout>_r<racks>_<hash>`)."""
+    """Write each row's config file; returns their ids (`<hardware>_<layout>_r<racks>_<hash>`,
+    e.g. `gb200_nvl72_p4x8dbo_d1x32_r2_0f3a9c1d`: `dbo` marks an overlapping instance kind)."""
     group = out_dir / "candidates" / CANDIDATE_GROUP
     group.mkdir(parents=True, exist_ok=True)
     ids = []
     for _, row in rows.iterrows():
         body = yaml.safe_dump(candidate_config(row, plan, cfg), sort_keys=False)
         digest = hashlib.sha1(body.encode()).hexdigest()[:8]
-        layout = (f"c{row['colocated_instances']}x{row['colocated_gpus']}"
-                  if row["family"] == "colocated" else
-                  f"p{row['prefill_instances']}x{row['prefill_gpus']}"
-                  f"_d{row['decode_instances']}x{row['decode_gpus']}")
-        name = f"{row['hardware']}_{layout}_r{row['racks']}_{digest}"
+        name = f"{row['hardware']}_{_layout_id(row)}_r{row['racks']}_{digest}"
         (group / f"{name}.yaml").write_text("# @package _global_\n" + body)
         ids.append(name)
     return ids
+
+
+def _layout_id(row: pd.Series) -> str:
+    """`p4x8dbo_d1x32`, `c2x16`: instances x width per kind, `dbo` where they overlap."""
+    def part(kind: str, instances: str, width: str) -> str:
+        return f"{kind[0]}{row[instances]}x{row[width]}{'dbo' if row[f'{kind}_dbo'] else ''}"
+    if row["family"] == "colocated":
+        return part("colocated", "colocated_instances", "colocated_gpus")
+    return (f"{part('prefill', 'prefill_instances', 'prefill_gpus')}_"
+            f"{part('decode', 'decode_instances', 'decode_gpus')}")
 
 
 def confirm_command(ids: Sequence[str], plan: PlanSpec, out_dir: Path,

@@ -2,7 +2,9 @@
 
 A rack layout of family `disaggregated` is `prefill_instances` x DEP`prefill_gpus` prefill +
 `decode_instances` x DEP`decode_gpus` decode inside one NVLink domain; of family `colocated`,
-`colocated_instances` x DEP`colocated_gpus` instances that prefill and decode alike. Every
+`colocated_instances` x DEP`colocated_gpus` instances that prefill and decode alike. Each
+kind of instance runs with dual-batch overlap or without (`*_dbo`; None: as the scenario
+says), so the same widths with and without it are different layouts. Every
 instance lives in one rack, so a fleet of identical racks with session affinity to a rack
 splits the demand evenly (each rack serves `agents / racks`).
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from rackSim.config.specs import DBO_MARK
 from rackSim.plan.spec import Space
 
 
@@ -24,6 +27,9 @@ class RackLayout:
     decode_gpus: int
     colocated_instances: int = 0
     colocated_gpus: int = 0
+    prefill_dbo: bool | None = None
+    decode_dbo: bool | None = None
+    colocated_dbo: bool | None = None
 
     @property
     def gpus(self) -> int:
@@ -33,38 +39,54 @@ class RackLayout:
 
     @property
     def name(self) -> str:
-        """e.g. `P8xDEP2+DEP32`, `P4xDEP2+2xDEP16`, `C3xDEP16` (the simulator's layout
-        label)."""
+        """e.g. `P8xDEP2+DEP32`, `P4xDEP2+2xDEP16`, `C3xDEP16`, `P4xDEP8(dbo)+DEP32` (the
+        simulator's layout label)."""
         if self.family == "colocated":
-            return f"C{self.colocated_instances}xDEP{self.colocated_gpus}"
-        return f"P{self.prefill_instances}xDEP{self.prefill_gpus}+{self._decode_label}"
+            return f"C{self.colocated_instances}xDEP{self.colocated_gpus}{self._colocated_mark}"
+        return (f"P{self.prefill_instances}xDEP{self.prefill_gpus}{self._prefill_mark}"
+                f"+{self._decode_label}")
 
     @property
     def family_key(self) -> str:
-        """The family a rejected layout is reported under: kind and instance widths."""
+        """The family a rejected layout is reported under: kind, instance widths and
+        overlap."""
         if self.family == "colocated":
-            return f"colocated: DEP{self.colocated_gpus} instances"
-        return f"{self.family}: DEP{self.prefill_gpus} prefill + {self._decode_label} decode"
+            return f"colocated: DEP{self.colocated_gpus}{self._colocated_mark} instances"
+        return (f"{self.family}: DEP{self.prefill_gpus}{self._prefill_mark} prefill + "
+                f"{self._decode_label} decode")
 
     @property
     def _decode_label(self) -> str:
-        """`DEP32`, or `2xDEP16` for several decode instances."""
-        dec = f"DEP{self.decode_gpus}"
+        """`DEP32`, `2xDEP16` for several decode instances, `DEP32(dbo)` with the overlap."""
+        dec = f"DEP{self.decode_gpus}{DBO_MARK if self.decode_dbo else ''}"
         return f"{self.decode_instances}x{dec}" if self.decode_instances > 1 else dec
+
+    @property
+    def _prefill_mark(self) -> str:
+        return DBO_MARK if self.prefill_dbo else ""
+
+    @property
+    def _colocated_mark(self) -> str:
+        return DBO_MARK if self.colocated_dbo else ""
 
 
 def smallest_layouts(space: Space) -> Iterator[RackLayout]:
     """One layout per family of `space`, with one instance of each kind: the fewest GPUs a
-    rack of that family takes."""
+    rack of that family takes (one per overlap setting searched)."""
+    unset = [None]
     for family in space.families:
         if family == "colocated":
             for cw in space.colocated_gpus:
-                yield RackLayout(family, 0, 0, 0, 0, 1, cw)
+                for co in space.colocated_dbo or unset:
+                    yield RackLayout(family, 0, 0, 0, 0, 1, cw, colocated_dbo=co)
             continue
         for dw in space.decode_gpus:
             for di in space.decode_instances:
                 for pw in space.prefill_gpus_per_instance:
-                    yield RackLayout(family, 1, pw, di, dw)
+                    for po in space.prefill_dbo or unset:
+                        for do in space.decode_dbo or unset:
+                            yield RackLayout(family, 1, pw, di, dw, prefill_dbo=po,
+                                             decode_dbo=do)
 
 
 def rack_layouts(space: Space, gpus_per_rack: int) -> Iterator[RackLayout]:

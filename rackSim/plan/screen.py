@@ -37,6 +37,7 @@ import pandas as pd
 from pydantic import ValidationError
 
 from rackSim.config import with_changes
+from rackSim.config.errors import ScenarioError
 from rackSim.config.specs import HardwareSpec, RunConfig
 from rackSim.plan.demand import DemandProfile
 from rackSim.plan.inputs import PlanError
@@ -71,17 +72,38 @@ def colocated_settings(cfg: RunConfig, space: Space) -> dict:
             "speculative": dec.speculative.model_dump()}
 
 
+def searched_space(cfg: RunConfig, space: Space) -> Space:
+    """`space` with each unset overlap setting (`*_dbo`) the scenario's own, so that every
+    layout says whether its instances overlap."""
+    return space.model_copy(update={
+        "prefill_dbo": space.prefill_dbo or [cfg.deployment.prefill.dbo.enabled],
+        "decode_dbo": space.decode_dbo or [cfg.deployment.decode.dbo.enabled],
+        "colocated_dbo": space.colocated_dbo or [
+            colocated_settings(cfg, space)["dbo"]["enabled"]]})
+
+
+def _overlap(enabled: bool | None) -> dict:
+    """A prefill or decode section's change for a layout's overlap setting (None: none;
+    the thresholds and SM split stay the scenario's)."""
+    return {} if enabled is None else {"dbo": {"enabled": enabled}}
+
+
 def layout_deployment(cfg: RunConfig, layout: RackLayout, space: Space) -> dict:
     """The deployment changes that make `cfg` one rack of `layout`."""
     if layout.family == "colocated":
-        col = dict(colocated_settings(cfg, space), instances=layout.colocated_instances,
-                   gpus=layout.colocated_gpus, parallelism="DEP")
+        col = colocated_settings(cfg, space)
+        dbo = col["dbo"] if layout.colocated_dbo is None else dict(
+            col["dbo"], enabled=layout.colocated_dbo)
+        col = dict(col, instances=layout.colocated_instances, gpus=layout.colocated_gpus,
+                   parallelism="DEP", dbo=dbo)
         return {"racks": 1, "prefill": {"instances": 0}, "decode": {"instances": 0},
                 "colocated": col}
     dep: dict = {"racks": 1,
                  "prefill": {"instances": layout.prefill_instances,
-                             "gpus_per_instance": layout.prefill_gpus},
-                 "decode": {"instances": layout.decode_instances, "gpus": layout.decode_gpus}}
+                             "gpus_per_instance": layout.prefill_gpus,
+                             **_overlap(layout.prefill_dbo)},
+                 "decode": {"instances": layout.decode_instances, "gpus": layout.decode_gpus,
+                            **_overlap(layout.decode_dbo)}}
     if cfg.deployment.colocated is not None:  # a colocated base scenario: none here
         dep["colocated"] = {"instances": 0}
     return dep
@@ -103,47 +125,63 @@ class Screen:
     def __init__(self, cfg: RunConfig, plan: PlanSpec, hardware: Mapping[str, HardwareSpec],
                  demand: DemandProfile):
         self.cfg, self.plan, self.hardware, self.demand = cfg, plan, hardware, demand
+        self.space = searched_space(cfg, plan.space)
         self.rejected: list[Rejected] = []
-        self._decode: dict[tuple[str, int], DecodeSpeed] = {}
-        self._prefill: dict[tuple[str, int], PrefillSpeed] = {}
-        self._colocated: dict[tuple[str, int], ColocatedSpeed] = {}
+        # speeds by (hardware option, instance width, dual-batch overlap)
+        self._decode: dict[tuple[str, int, bool], DecodeSpeed] = {}
+        self._prefill: dict[tuple[str, int, bool], PrefillSpeed] = {}
+        self._colocated: dict[tuple[str, int, bool], ColocatedSpeed] = {}
+
+    def _reject(self, option: str, layout: RackLayout, reason: str) -> None:
+        self.rejected.append(Rejected(option, layout.family_key, reason))
 
     def _config(self, option: str, layout: RackLayout) -> RunConfig | None:
         """One rack of `layout` on `option`, or None (recorded as rejected) if it breaks the
         scenario's rules."""
         try:
             return layout_config(self.cfg, self.hardware[option], layout,
-                                 self.plan.option(option).profile, self.plan.space)
+                                 self.plan.option(option).profile, self.space)
         except ValidationError as err:
-            reason = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
-            self.rejected.append(Rejected(option, layout.family_key, reason))
+            self._reject(option, layout, "; ".join(
+                e["msg"].removeprefix("Value error, ") for e in err.errors()))
             return None
 
     def _speeds(self, option: str, layout: RackLayout
                 ) -> tuple[DecodeSpeed, PrefillSpeed] | None:
-        dk, pk = (option, layout.decode_gpus), (option, layout.prefill_gpus)
+        dk = (option, layout.decode_gpus, bool(layout.decode_dbo))
+        pk = (option, layout.prefill_gpus, bool(layout.prefill_dbo))
         cfg = self._config(option, layout)
         if cfg is None:
             return None
-        if dk not in self._decode:
-            self._decode[dk] = decode_speed(cfg, self.demand.decode_context_mean)
-        if pk not in self._prefill:
-            self._prefill[pk] = PrefillSpeed(cfg)
+        try:  # a step model refuses what the profile cannot price (an overlap of MegaMoE)
+            if dk not in self._decode:
+                self._decode[dk] = decode_speed(cfg, self.demand.decode_context_mean)
+            if pk not in self._prefill:
+                self._prefill[pk] = PrefillSpeed(cfg)
+        except ScenarioError as err:
+            self._reject(option, layout, str(err))
+            return None
         return self._decode[dk], self._prefill[pk]
 
     def _colocated_speed(self, option: str, layout: RackLayout) -> ColocatedSpeed | None:
-        key = (option, layout.colocated_gpus)
+        key = (option, layout.colocated_gpus, bool(layout.colocated_dbo))
         if key not in self._colocated:
             cfg = self._config(option, layout)
             if cfg is None:
                 return None
-            self._colocated[key] = ColocatedSpeed(cfg, self.demand.decode_context_mean,
-                                                  self.demand.decode_steps_mean)
+            try:
+                self._colocated[key] = ColocatedSpeed(cfg, self.demand.decode_context_mean,
+                                                      self.demand.decode_steps_mean)
+            except ScenarioError as err:
+                self._reject(option, layout, str(err))
+                return None
         return self._colocated[key]
 
-    def _serving(self, hardware: str, family: str, width: int) -> DecodeSpeed | ColocatedSpeed:
-        """The speed of the instances that decode in a candidate."""
-        return (self._colocated if family == "colocated" else self._decode)[(hardware, width)]
+    def serving_speed(self, hardware: str, family: str, width: int, dbo: bool
+                      ) -> DecodeSpeed | ColocatedSpeed:
+        """The speed of a candidate's instances that decode (its `serving_*` columns)."""
+        return (self._colocated if family == "colocated" else self._decode)[
+            (hardware, width, dbo)]
 
     def candidates(self) -> pd.DataFrame:
         """One row per candidate (hardware x racks x layout) with its per-rack inputs."""
@@ -152,12 +190,12 @@ class Screen:
         for opt in pl.hardware:
             hw = self.hardware[opt.name]
             price = opt.usd_per_gpu_hour(hw)
-            for first in smallest_layouts(pl.space):
+            for first in smallest_layouts(self.space):
                 if first.gpus > hw.gpus_per_rack:
                     self.rejected.append(Rejected(opt.name, first.family_key, (
                         f"{first.name} takes {first.gpus} GPUs; a rack holds "
                         f"{hw.gpus_per_rack}")))
-            for lay in rack_layouts(pl.space, hw.gpus_per_rack):
+            for lay in rack_layouts(self.space, hw.gpus_per_rack):
                 if lay.family == "colocated":
                     col = self._colocated_speed(opt.name, lay)
                     if col is not None:
@@ -175,6 +213,7 @@ class Screen:
                     rows.append({
                         **self._common(opt.name, hw, price, lay, racks, agents, sessions_s),
                         "serving_instances": lay.decode_instances, "serving_gpus": lay.decode_gpus,
+                        "serving_dbo": bool(lay.decode_dbo),
                         "uncached_mean": u_mean,
                         "uncached_sq_mean": u_sq, "uncached_p90": u90, "prefill_mu_tok_s": mu,
                         "own_mean_s": pre.own_ms(d.prompt_mean, u_mean) / 1e3,
@@ -201,7 +240,9 @@ class Screen:
                 "layout": lay.name, "racks": racks, "prefill_instances": lay.prefill_instances,
                 "prefill_gpus": lay.prefill_gpus, "decode_instances": lay.decode_instances,
                 "decode_gpus": lay.decode_gpus, "colocated_instances": lay.colocated_instances,
-                "colocated_gpus": lay.colocated_gpus, "gpus_per_rack_used": lay.gpus,
+                "colocated_gpus": lay.colocated_gpus, "prefill_dbo": bool(lay.prefill_dbo),
+                "decode_dbo": bool(lay.decode_dbo), "colocated_dbo": bool(lay.colocated_dbo),
+                "gpus_per_rack_used": lay.gpus,
                 "gpus": racks * lay.gpus, "gpus_bought": racks * hw.gpus_per_rack,
                 "price_usd_gpu_h": price, "agents_per_rack_in": agents,
                 "sessions_s_per_rack_in": sessions_s}
@@ -219,7 +260,8 @@ class Screen:
             rows.append({
                 **self._common(option, hw, price, lay, racks, agents, sessions_s),
                 "serving_instances": lay.colocated_instances,
-                "serving_gpus": lay.colocated_gpus, "uncached_mean": u_mean,
+                "serving_gpus": lay.colocated_gpus,
+                "serving_dbo": bool(lay.colocated_dbo), "uncached_mean": u_mean,
                 "uncached_sq_mean": u_sq, "uncached_p90": u90, "prefill_mu_tok_s": math.nan,
                 "own_mean_s": math.nan, "own_p90_s": math.nan, "push_mean_s": 0.0,
                 "push_p90_s": 0.0, "decode_max_per_rank": col.max_per_rank})
@@ -228,9 +270,9 @@ class Screen:
     def _colocated_groups(self, df: pd.DataFrame):
         """(row indices, speed, table) of the colocated candidates, by speed and load."""
         col = df[df["family"] == "colocated"]
-        for (hw, w, u), idx in col.groupby(["hardware", "serving_gpus",
-                                            "uncached_mean"]).indices.items():
-            speed = self._colocated[(hw, w)]
+        for (hw, w, o, u), idx in col.groupby(["hardware", "serving_gpus", "serving_dbo",
+                                               "uncached_mean"]).indices.items():
+            speed = self._colocated[(hw, w, o)]
             yield col.index[idx], speed, speed.table(self.demand.prompt_mean, u)
 
     def _step_ms(self, df: pd.DataFrame, per_rank: np.ndarray, busy: bool = False
@@ -239,9 +281,9 @@ class Screen:
         rank; colocated: the mean step, or with `busy` a step carrying a full prefill chunk."""
         out = np.full(len(df), np.nan)
         dis = df[df["family"] != "colocated"]
-        for (hw, dw), idx in dis.groupby(["hardware", "decode_gpus"]).indices.items():
+        for key, idx in dis.groupby(["hardware", "decode_gpus", "decode_dbo"]).indices.items():
             rows = df.index.get_indexer(dis.index[idx])
-            out[rows] = self._decode[(hw, dw)].step_at(per_rank[rows])
+            out[rows] = self._decode[key].step_at(per_rank[rows])
         for index, _, table in self._colocated_groups(df):
             rows = df.index.get_indexer(index)
             out[rows] = (table.busy_at if busy else table.step_at)(per_rank[rows])
@@ -293,8 +335,8 @@ class Screen:
     def evaluate(self, df: pd.DataFrame) -> pd.DataFrame:
         """Solve every candidate's operating point; add predictions, costs and SLO checks."""
         df = df.copy()
-        speeds = [self._serving(h, f, w) for h, f, w in
-                  zip(df["hardware"], df["family"], df["serving_gpus"], strict=True)]
+        speeds = [self.serving_speed(*key) for key in zip(
+            df["hardware"], df["family"], df["serving_gpus"], df["serving_dbo"], strict=True)]
         df["decode_ranks"] = [s.ranks for s in speeds]
         df["accepted"] = [s.accepted for s in speeds]
         df["free_budget"] = [getattr(s, "budget", math.nan) for s in speeds]

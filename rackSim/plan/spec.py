@@ -131,7 +131,10 @@ class Space(PlanModel):
     colocated: n x DEP`colocated_gpus` instances; every combination that fits the rack's
     NVLink domain. The colocated instances take the scenario's `deployment.colocated` settings
     (token budget, max_num_seqs_per_rank, speculative decoding) or, without one, the decode
-    instance's batch and speculative settings with `colocated_budget_tokens`."""
+    instance's batch and speculative settings with `colocated_budget_tokens`.
+    `prefill_dbo`, `decode_dbo`, `colocated_dbo` search dual-batch overlap per instance kind
+    (vLLM's `--enable-dbo`, with the scenario's thresholds and SM split): every candidate
+    with each value listed; unset, the scenario's own setting."""
 
     families: list[Family] = ["disaggregated", "colocated"]
     prefill_gpus_per_instance: list[PositiveInt] = [2]
@@ -145,6 +148,25 @@ class Space(PlanModel):
     colocated_budget_tokens: PositiveInt = Field(default=8192, description=(
         "token budget per rank per step of a colocated instance, when the scenario has no "
         "deployment.colocated"))
+    prefill_dbo: list[bool] | None = Field(default=None, min_length=1, description=(
+        "dual-batch overlap of the prefill instances, each value searched (None: the "
+        "scenario's deployment.prefill.dbo.enabled)"))
+    decode_dbo: list[bool] | None = Field(default=None, min_length=1, description=(
+        "dual-batch overlap of the decode instances, each value searched (None: the "
+        "scenario's deployment.decode.dbo.enabled)"))
+    colocated_dbo: list[bool] | None = Field(default=None, min_length=1, description=(
+        "dual-batch overlap of the colocated instances, each value searched (None: the "
+        "colocated instances' own setting, the decode instance's without "
+        "deployment.colocated)"))
+
+    @model_validator(mode="after")
+    def _once_each(self) -> Space:
+        for key in ("prefill_dbo", "decode_dbo", "colocated_dbo"):
+            values = getattr(self, key)
+            if values is not None and len(set(values)) < len(values):
+                raise ValueError(f"{key}={values} lists a value twice; give [false], [true] "
+                                 "or [false, true]")
+        return self
 
 
 class Confirm(PlanModel):

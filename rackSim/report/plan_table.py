@@ -70,14 +70,15 @@ def _pick(row: pd.Series, des: str, screen: str) -> float:
 def format_plan(table: pd.DataFrame) -> str:
     """The plan table (`plan_table`) for the terminal: one line per row, simulated numbers
     where the row was confirmed (screen otherwise), and what a row misses."""
-    head = (f"{'status':<22} {'hardware':<13} {'racks':>5}  {'layout per rack':<22} "
+    w = max([22, *(len(str(x)) for x in table["layout per rack"])])  # layouts' column
+    head = (f"{'status':<22} {'hardware':<13} {'racks':>5}  {'layout per rack':<{w}} "
             f"{'tok/s/GPU':>10} {'tok/s/user':>10} {'TTFT P90':>9} {'$/Mtok':>8}")
     lines = [head]
     for _, r in table.iterrows():
         ttft = _pick(r, "TTFT P90 ms (DES)", "TTFT P90 ms (screen)") / 1e3
         lines.append(
             f"{r['status']:<22} {r['hardware']:<13} {r['racks']:>5}  "
-            f"{r['layout per rack']:<22} "
+            f"{r['layout per rack']:<{w}} "
             f"{_pick(r, 'tok/s/GPU (DES)', 'tok/s/GPU (screen)'):>10,.0f} "
             f"{_pick(r, 'P90 tok/s/user (DES)', 'P90 tok/s/user (screen)'):>10,.1f} "
             f"{ttft:>8.2f}s {r['cost $/Mtok']:>8.4f}")

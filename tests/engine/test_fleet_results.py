@@ -38,6 +38,7 @@ def test_fleet_run_writes_rack_and_instance_tables(tmp_path):
     (["deployment=fleet_mixed"], "10x(P8xDEP2+DEP32) + 4x(P8xDEP2+2xDEP16)"),
     (["deployment=fleet_split_pd"], "2x(P36xDEP2) + 2x(2xDEP32)"),
     (["deployment=fleet_full_rack", "deployment.racks=14"], "14x(P12xDEP2+3xDEP16)"),
+    (["deployment.prefill.dbo.enabled=true"], "P8xDEP2(dbo)+DEP32"),  # dual-batch overlap
 ])
 def test_layout_labels_name_the_rack_groups(overrides, label):
     assert layout_name(compose_scenario(overrides).deployment) == label

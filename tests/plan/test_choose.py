@@ -72,3 +72,21 @@ def test_each_family_says_why_it_lost():
     assert got["c"].startswith("meets the SLOs at the plans' cost with 120 GPUs")
     assert got["d"] == "best candidate D x1: TTFT P90 9 s > 2 s"
     assert got["e"] == "does not fit: deployment.decode.gpus=48: ..."
+
+
+def test_the_terminal_table_keeps_its_columns_under_long_layout_names():
+    """A layout name longer than the column (`P4xDEP8(dbo)+2xDEP16(dbo)`) widens it: every
+    number stays under its heading."""
+    from rackSim.report.plan_table import format_plan
+
+    table = pd.DataFrame([
+        {"status": "plan 1: screen only", "hardware": "gb200_nvl72", "racks": 2,
+         "layout per rack": name, "tok/s/GPU (screen)": 38518.0,
+         "P90 tok/s/user (screen)": 63.1, "TTFT P90 ms (screen)": 3980.0,
+         "cost $/Mtok": 0.0365}
+        for name in ("P4xDEP8+DEP32", "P4xDEP8(dbo)+2xDEP16(dbo)")])
+    head, *rows = format_plan(table).splitlines()
+    for label in ("tok/s/GPU", "$/Mtok"):
+        end = head.index(label) + len(label)
+        assert all(len(r) >= end and r[end - 1] != " " and r[end:end + 1] in ("", " ")
+                   for r in rows), label

@@ -74,6 +74,7 @@ def test_one_rack_stands_for_a_fleet_at_its_share(small_inputs):
     row = pd.Series({"racks": 3, "layout": "P2xDEP2+DEP4", "family": "disaggregated",
                      "prefill_instances": 2, "prefill_gpus": 2, "decode_instances": 1,
                      "decode_gpus": 4, "colocated_instances": 0, "colocated_gpus": 0,
+                     "prefill_dbo": False, "decode_dbo": False, "colocated_dbo": False,
                      "hardware": "gb300_nvl72", "agents_per_rack": 40 / 3})
     one = small_inputs.plan.model_copy(update={"confirm": small_inputs.plan.confirm.model_copy(
         update={"fleet": False})})
@@ -83,3 +84,4 @@ def test_one_rack_stands_for_a_fleet_at_its_share(small_inputs):
     assert whole["deployment"]["racks"] == 3 and whole["workload"]["replay"]["concurrency"] == 40
     assert whole["defaults"] == [{"override /hardware": "gb300_nvl72"}]
     assert whole["workload"]["replay"]["window_s"] == small_inputs.plan.confirm.window_s
+

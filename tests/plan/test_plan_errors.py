@@ -37,6 +37,10 @@ from rackSim.report.plan_table import format_plan
     ("plan.slo.ttft_p90_s_max=-1", "plan.slo.ttft_p90_s_max", "greater than 0"),
     ("+plan.demand.sessions_per_hour=100", "plan.demand", "exactly one of agents"),
     ("plan.limits.max_racks=0", "plan.limits.max_racks", "greater than 0"),
+    ("+plan.space.prefill_dbo=[]", "plan.space.prefill_dbo", "at least 1 item"),
+    ("+plan.space.decode_dbo=[true,true]", "plan.space", "decode_dbo=[True, True] lists a "
+     "value twice"),
+    ("+plan.space.colocated_dbo=[maybe]", "plan.space.colocated_dbo[0]", "valid boolean"),
 ])
 def test_bad_plans_name_the_field(override, field, says):
     with pytest.raises(PlanError) as err:

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from plan_support import SMALL, compose_plan
 
 from rackSim.plan.demand import profile_demand
 from rackSim.plan.inputs import load_hardware
@@ -140,7 +141,8 @@ def hand_point(r: pd.Series, screen: Screen) -> tuple[float, float, float]:
     lam = r["output_tok_s_gpu"] * r["gpus_per_rack_used"] / d.output_mean
     n = r["decode_per_rank"]
     if r["family"] == "colocated":
-        speed = screen._colocated[(r["hardware"], r["colocated_gpus"])]
+        speed = screen.serving_speed(r["hardware"], "colocated", r["colocated_gpus"],
+                                     r["colocated_dbo"])
         table = speed.table(d.prompt_mean, r["uncached_mean"])
         t_ms, busy = table.step_at(n), table.busy_at(n)
         free = speed.budget - n * (1 + speed.draft_tokens)
@@ -148,7 +150,8 @@ def hand_point(r: pd.Series, screen: Screen) -> tuple[float, float, float]:
         own = math.ceil(r["uncached_mean"] / free) * busy / 1e3
         lead = 0.5 * t_ms / 1e3
     else:
-        speed = screen._decode[(r["hardware"], r["decode_gpus"])]
+        speed = screen.serving_speed(r["hardware"], r["family"], r["decode_gpus"],
+                                     r["decode_dbo"])
         t_ms = speed.step_at(n)
         lam_p, mu = lam / r["prefill_instances"], r["prefill_mu_tok_s"]
         own = r["own_mean_s"] + r["push_mean_s"]
@@ -167,7 +170,8 @@ def test_every_candidate_sits_where_its_formulas_balance(screened):
     assert (df["family"] == "colocated").sum() == 8
     for _, r in df[df["family"] == "disaggregated"].iterrows():
         lam = r["output_tok_s_gpu"] * r["gpus_per_rack_used"] / d.output_mean  # requests/s
-        speed = screen._decode[(r["hardware"], r["decode_gpus"])]
+        speed = screen.serving_speed(r["hardware"], r["family"], r["decode_gpus"],
+                                     r["decode_dbo"])
         t_ms = speed.step_at(r["decode_per_rank"])
         assert t_ms == pytest.approx(r["decode_step_ms"], rel=1e-12)
         # Little at each decode instance: requests in it = its rate x steps x step time
@@ -197,7 +201,8 @@ def test_colocated_candidates_sit_where_their_formulas_balance(screened):
     col = df[df["family"] == "colocated"]
     assert set(col["layout"]) == {"C1xDEP4", "C2xDEP4", "C1xDEP8", "C2xDEP8"}
     for _, r in col.iterrows():
-        speed = screen._colocated[(r["hardware"], r["colocated_gpus"])]
+        speed = screen.serving_speed(r["hardware"], "colocated", r["colocated_gpus"],
+                                     r["colocated_dbo"])
         table = speed.table(d.prompt_mean, r["uncached_mean"])
         n = r["decode_per_rank"]
         lam = r["output_tok_s_gpu"] * r["gpus_per_rack_used"] / d.output_mean
@@ -217,8 +222,7 @@ def test_colocated_candidates_sit_where_their_formulas_balance(screened):
         step90 = table.busy_at(n90) if table.share_at(n) > 0.1 else table.step_at(n90)
         assert r["interactivity_tok_s"] == pytest.approx(3.25 / step90 * 1e3, rel=1e-9)
         # the mixed steps are longer than the same decode without prefill
-        dec = screen._decode[(r["hardware"], 4)] if r["colocated_gpus"] == 4 else \
-            screen._decode[(r["hardware"], 8)]
+        dec = screen.serving_speed(r["hardware"], "disaggregated", r["colocated_gpus"], False)
         assert table.busy_at(n) > dec.step_at(n)
 
 
@@ -291,3 +295,97 @@ def test_colocated_candidates_take_the_decode_instances_overlap_and_kernels():
                         ).deployment.colocated
     assert col.dbo == cfg.deployment.decode.dbo and col.dbo.decode_token_threshold == 64
     assert col.all2all_backend == cfg.deployment.decode.all2all_backend
+
+
+def test_rack_layouts_search_the_overlap_per_instance_kind():
+    """Each overlap setting listed is a layout of its own, marked in its name and family."""
+    space = Space(prefill_gpus_per_instance=[2], prefill_instances_max=1, decode_gpus=[4],
+                  colocated_gpus=[8], colocated_instances_max=1, prefill_dbo=[False, True],
+                  decode_dbo=[True], colocated_dbo=[False, True])
+    lays = list(rack_layouts(space, 8))
+    assert [lay.name for lay in lays] == ["P1xDEP2+DEP4(dbo)", "P1xDEP2(dbo)+DEP4(dbo)",
+                                          "C1xDEP8", "C1xDEP8(dbo)"]
+    assert [lay.family_key for lay in lays] == [
+        "disaggregated: DEP2 prefill + DEP4(dbo) decode",
+        "disaggregated: DEP2(dbo) prefill + DEP4(dbo) decode",
+        "colocated: DEP8 instances", "colocated: DEP8(dbo) instances"]
+    # unset: one layout per width, its overlap left to the scenario
+    unset = Space(families=["disaggregated"], decode_gpus=[4])
+    assert [lay.prefill_dbo for lay in rack_layouts(unset, 8)] == [None, None]
+
+
+DEEPSEEK_V3_ON_GB300 = [
+    *[o for o in SMALL if not o.startswith("plan.space.prefill_gpus")],
+    "model=deepseek_v3", "perf.profile=calibration/gb300_nvl72__deepseek_v3.yaml",
+    "perf.weight_dtype=fp8", "deployment.prefill.gpus_per_instance=4",
+    "deployment.prefill.dbo.prefill_token_threshold=256",
+    "plan.space.prefill_gpus_per_instance=[4]", "plan.space.prefill_instances_max=2",
+    "+plan.space.prefill_dbo=[false,true]", "+plan.space.decode_dbo=[false,true]",
+    "+plan.space.colocated_dbo=[false,true]"]
+
+
+def test_the_screen_searches_dual_batch_overlap_on_deepep_kernels(tmp_path):
+    """DeepSeek-V3 on its generated GB300 profile (DeepEP kernels): every layout with and
+    without the overlap per instance kind. The overlapped prefill instance computes faster
+    (its all-to-all hidden); the overlapped decode instance prices steps under the token
+    threshold exactly as without it and larger ones differently; a confirmed candidate runs
+    with the overlap on and the scenario's own thresholds."""
+    from rackSim.plan.confirm import candidate_config, write_candidates
+    from rackSim.plan.screen import layout_config
+
+    inputs = compose_plan(DEEPSEEK_V3_ON_GB300)
+    cfg = inputs.scenario
+    demand = profile_demand(load_sessions(cfg.workload, cfg.seed), 1.0,
+                            lanes=inputs.plan.demand.agents)
+    screen = Screen(cfg, inputs.plan, inputs.hardware, demand)
+    rows = screen.run()
+    assert not screen.rejected
+    assert {"P2xDEP4+DEP8", "P2xDEP4(dbo)+DEP8", "P2xDEP4+DEP8(dbo)",
+            "P2xDEP4(dbo)+DEP8(dbo)", "C1xDEP8", "C1xDEP8(dbo)"} <= set(rows["layout"])
+    dis = rows[(rows["family"] == "disaggregated") & ~rows["decode_dbo"]]
+    mu = dis.groupby("prefill_dbo")["prefill_mu_tok_s"].max()
+    assert mu[True] > 1.05 * mu[False]
+    hw = "gb300_nvl72"
+    off, on = (screen.serving_speed(hw, "disaggregated", 8, o) for o in (False, True))
+    q = 1 + on.draft_tokens  # tokens a decoding request puts in a step
+    under, over = np.array([31 // q]), np.array([64.0])
+    assert on.step_at(under)[0] == off.step_at(under)[0]
+    assert on.step_at(over)[0] != off.step_at(over)[0]
+    col = rows[(rows["family"] == "colocated") & (rows["racks"] == 1)].set_index("layout")
+    assert col.loc["C1xDEP8(dbo)", "decode_step_ms"] != col.loc["C1xDEP8", "decode_step_ms"]
+
+    row = rows[(rows["layout"] == "P2xDEP4(dbo)+DEP8") & (rows["racks"] == 1)].iloc[0]
+    dep = candidate_config(row, inputs.plan, cfg)["deployment"]
+    assert dep["prefill"]["dbo"] == {"enabled": True}
+    assert dep["decode"]["dbo"] == {"enabled": False}
+    lay = next(lay for lay in rack_layouts(screen.space, 72) if lay.name == row["layout"])
+    priced = layout_config(cfg, inputs.hardware[hw], lay, space=screen.space).deployment
+    assert priced.prefill.dbo.enabled and priced.prefill.dbo.prefill_token_threshold == 256
+    assert not priced.decode.dbo.enabled
+    (name,) = write_candidates(rows.loc[[row.name]], inputs.plan, tmp_path, cfg)
+    assert name.startswith("gb300_nvl72_p2x4dbo_d1x8_r1_")
+
+
+def test_a_profile_that_cannot_overlap_refuses_those_families_only():
+    """The reference profile's MegaMoE kernel has no all-to-all of its own to hide: searched
+    with and without the overlap, the overlapped families are refused with the step model's
+    reason and the rest are screened; searched with it only, the plan stops naming it."""
+    from rackSim.plan.choose import families
+    from rackSim.plan.inputs import PlanError
+
+    both = compose_plan([*SMALL, "plan.space.families=[disaggregated]",
+                         "+plan.space.prefill_dbo=[false,true]"])
+    cfg = both.scenario
+    demand = profile_demand(load_sessions(cfg.workload, cfg.seed), 3.25,
+                            lanes=both.plan.demand.agents)
+    screen = Screen(cfg, both.plan, both.hardware, demand)
+    rows = screen.run()
+    assert len(rows) and not rows["prefill_dbo"].any()
+    why = families(rows, screen.rejected, rows.iloc[0:0]).set_index("family")["why"]
+    refused = why["disaggregated: DEP2(dbo) prefill + DEP4 decode"]
+    assert "deployment.prefill.dbo.enabled" in refused and "MegaMoE" in refused
+    only = compose_plan([*SMALL, "+plan.space.prefill_dbo=[true]",
+                         "+plan.space.colocated_dbo=[true]"])
+    with pytest.raises(PlanError, match="no layout of plan.space can run") as err:
+        Screen(only.scenario, only.plan, only.hardware, demand).run()
+    assert "MegaMoE" in str(err.value)
