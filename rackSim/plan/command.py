@@ -86,7 +86,8 @@ def run_plan(inputs: PlanInputs, out_dir: Path, overrides: Sequence[str] = ()) -
     for round_ in range(1, plan.confirm.rounds + 1):
         if not len(picks):
             break
-        picks = picks.assign(candidate=write_candidates(picks, plan, out_dir, cfg),
+        picks = picks.assign(candidate=write_candidates(picks, plan, out_dir, cfg,
+                                                        scenario_overrides(overrides)),
                              confirm_round=round_)
         sim = run_confirmation(picks["candidate"].tolist(), plan, out_dir,
                                scenario_overrides(overrides))

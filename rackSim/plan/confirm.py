@@ -75,20 +75,70 @@ def candidate_config(row: pd.Series, plan: PlanSpec, cfg: RunConfig) -> dict:
                                     "window_s": plan.confirm.window_s}}}
 
 
-def write_candidates(rows: pd.DataFrame, plan: PlanSpec, out_dir: Path, cfg: RunConfig
-                     ) -> list[str]:
+def write_candidates(rows: pd.DataFrame, plan: PlanSpec, out_dir: Path, cfg: RunConfig,
+                     overrides: Sequence[str] = ()) -> list[str]:
     """Write each row's config file; returns their ids (`<hardware>_<layout>_r<racks>_<hash>`,
-    e.g. `gb200_nvl72_p4x8dbo_d1x32_r2_0f3a9c1d`: `dbo` marks an overlapping instance kind)."""
+    e.g. `gb200_nvl72_p4x8dbo_d1x32_r2_0f3a9c1d`: `dbo` marks an overlapping instance kind).
+
+    The scenario's command-line `overrides` are applied after the candidate files, so one
+    that sets a key a candidate sets (`deployment.prefill.gpus_per_instance=4`,
+    `perf.profile=...`) would undo the candidate's layout or profile: those keys are written
+    into every file instead (the scenario's value where the candidate sets none), and
+    `confirm_command` leaves such overrides out."""
     group = out_dir / "candidates" / CANDIDATE_GROUP
     group.mkdir(parents=True, exist_ok=True)
+    configs = [candidate_config(row, plan, cfg) for _, row in rows.iterrows()]
+    scenario = cfg.model_dump(mode="json")
+    pinned = {k for o in overrides if (k := _override_key(o)) and _sets(configs, k)}
     ids = []
-    for _, row in rows.iterrows():
-        body = yaml.safe_dump(candidate_config(row, plan, cfg), sort_keys=False)
+    for (_, row), config in zip(rows.iterrows(), configs, strict=True):
+        for key in sorted(pinned):
+            _pin(config, key, scenario)
+        body = yaml.safe_dump(config, sort_keys=False)
         digest = hashlib.sha1(body.encode()).hexdigest()[:8]
         name = f"{row['hardware']}_{_layout_id(row)}_r{row['racks']}_{digest}"
         (group / f"{name}.yaml").write_text("# @package _global_\n" + body)
         ids.append(name)
     return ids
+
+
+def _override_key(override: str) -> str | None:
+    """The dotted key a value override sets (`deployment.decode.gpus=16`, `+perf.x=1`);
+    None for a config group's choice (`model=deepseek_v3`) or a top-level value."""
+    key = override.split("=", 1)[0].lstrip("+~")
+    return key if "." in key and "/" not in key and "@" not in key else None
+
+
+def _leaves(tree: dict, prefix: str = "") -> set[str]:
+    """Dotted keys of the values of a candidate's config (not its defaults list)."""
+    out: set[str] = set()
+    for k, v in tree.items():
+        if k == "defaults" and not prefix:
+            continue
+        out |= _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}"}
+    return out
+
+
+def _sets(configs: Sequence[dict], key: str) -> bool:
+    """Whether a candidate config sets `key` or a key under it."""
+    return any(leaf == key or leaf.startswith(key + ".") for c in configs
+               for leaf in _leaves(c))
+
+
+def _pin(config: dict, key: str, scenario: dict) -> None:
+    """Set `key` in `config` to the scenario's value, under what the config itself sets."""
+    *parents, last = key.split(".")
+    src, dst = scenario, config
+    for p in parents:
+        src, dst = src[p], dst.setdefault(p, {})
+    dst[last] = _under(src[last], dst.get(last))
+
+
+def _under(base, top):
+    """`top` merged over `base` (dicts key by key; anything else: `top` if given)."""
+    if isinstance(base, dict) and isinstance(top, dict):
+        return {**base, **{k: _under(base.get(k), v) for k, v in top.items()}}
+    return base if top is None else top
 
 
 def _layout_id(row: pd.Series) -> str:
@@ -103,13 +153,17 @@ def _layout_id(row: pd.Series) -> str:
 
 def confirm_command(ids: Sequence[str], plan: PlanSpec, out_dir: Path,
                     scenario_overrides: Sequence[str]) -> list[str]:
-    """The `racksim -m` command line that simulates `ids`."""
+    """The `racksim -m` command line that simulates `ids` (written by `write_candidates`),
+    without the `scenario_overrides` of keys their files set (those files hold them)."""
     c = plan.confirm
+    group = out_dir / "candidates" / CANDIDATE_GROUP
+    configs = [yaml.safe_load((group / f"{i}.yaml").read_text()) for i in ids]
+    kept = [o for o in scenario_overrides if not ((k := _override_key(o)) and _sets(configs, k))]
     return [sys.executable, "-c", "from rackSim.cli import run; run()", "-m",
             f"hydra/launcher={c.launcher}", *c.launcher_overrides,
             f"hydra.searchpath=[file://{(out_dir / 'candidates').resolve()}]",
             f"hydra.sweep.dir={(out_dir / 'confirm').resolve()}", "progress=false",
-            *scenario_overrides, f"+{CANDIDATE_GROUP}={','.join(ids)}"]
+            *kept, f"+{CANDIDATE_GROUP}={','.join(ids)}"]
 
 
 def run_confirmation(ids: Sequence[str], plan: PlanSpec, out_dir: Path,

@@ -85,3 +85,49 @@ def test_one_rack_stands_for_a_fleet_at_its_share(small_inputs):
     assert whole["defaults"] == [{"override /hardware": "gb300_nvl72"}]
     assert whole["workload"]["replay"]["window_s"] == small_inputs.plan.confirm.window_s
 
+
+def test_command_line_keys_a_candidate_sets_stay_the_candidates(tmp_path):
+    """The sweep applies its command-line overrides after the candidate files, so a scenario
+    override of a key a candidate sets (the prefill width, the clients, the profile) would
+    undo the candidate: plans with `deployment.prefill.gpus_per_instance=4` on the command
+    line simulated DEP8 prefill candidates at DEP4, and GB200 candidates on the GB300 profile
+    given as `perf.profile`. Such keys go into every file (the scenario's value where the
+    candidate sets none) and off the command line; the other overrides stay on it. Composed
+    as the sweep composes them, each candidate is itself."""
+    from plan_support import SMALL, compose_plan, compose_tree
+
+    from rackSim.config import load_run_config
+    from rackSim.plan.confirm import confirm_command, write_candidates
+
+    profile = "calibration/gb300__deepseek_v4_1_flash.yaml"
+    overrides = ["deployment.prefill.gpus_per_instance=4", "workload.replay.concurrency=7",
+                 f"perf.profile={profile}", "deployment.decode.max_num_seqs_per_rank=64",
+                 "deployment.prefill.dbo.prefill_token_threshold=256"]
+    inputs = compose_plan([*[o for o in SMALL if not o.startswith("plan.hardware")],
+                           "plan.hardware=[{name: gb300_nvl72, rental_usd_per_gpu_hour: 5, "
+                           f"profile: {profile}}}]", *overrides])
+    base = {"racks": 1, "hardware": "gb300_nvl72", "agents_per_rack": 40.0,
+            "prefill_dbo": False, "decode_dbo": False, "colocated_dbo": False}
+    rows = pd.DataFrame([
+        {**base, "layout": "P2xDEP2(dbo)+DEP4", "family": "disaggregated",
+         "prefill_instances": 2, "prefill_gpus": 2, "decode_instances": 1, "decode_gpus": 4,
+         "colocated_instances": 0, "colocated_gpus": 0, "prefill_dbo": True},
+        {**base, "layout": "C2xDEP4", "family": "colocated", "prefill_instances": 0,
+         "prefill_gpus": 0, "decode_instances": 0, "decode_gpus": 0,
+         "colocated_instances": 2, "colocated_gpus": 4}])
+    scenario = ["experiment=smoke", *overrides]
+    ids = write_candidates(rows, inputs.plan, tmp_path, inputs.scenario, scenario)
+    cmd = confirm_command(ids, inputs.plan, tmp_path, scenario)
+    kept = cmd[cmd.index("progress=false") + 1:-1]
+    assert kept == ["experiment=smoke", "deployment.decode.max_num_seqs_per_rank=64",
+                    "deployment.prefill.dbo.prefill_token_threshold=256"]
+    search = f"hydra.searchpath=[file://{(tmp_path / 'candidates').resolve()}]"
+    dis, col = (load_run_config(compose_tree([search, *kept, f"+candidate={i}"]))
+                for i in ids)
+    assert dis.deployment.prefill.gpus_per_instance == 2  # the candidate's, not 4
+    assert col.deployment.prefill.gpus_per_instance == 4  # the scenario's: it sets none
+    for c in (dis, col):
+        assert c.workload.replay.concurrency == 40 and str(c.perf.profile).endswith(profile)
+        assert c.deployment.decode.max_num_seqs_per_rank == 64
+    assert dis.deployment.prefill.dbo.enabled
+    assert dis.deployment.prefill.dbo.prefill_token_threshold == 256
