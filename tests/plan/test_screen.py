@@ -18,6 +18,7 @@ from rackSim.plan.layout import rack_layouts
 from rackSim.plan.queueing import mg1_wait_s, occupancy_quantile, wait_quantile_s
 from rackSim.plan.screen import Screen
 from rackSim.plan.spec import HardwareOption, Space
+from rackSim.plan.speeds import split_share
 from rackSim.workload.graph import RequestSpec, SessionGraph
 from rackSim.workload.sources import load_sessions
 
@@ -389,3 +390,38 @@ def test_a_profile_that_cannot_overlap_refuses_those_families_only():
     with pytest.raises(PlanError, match="no layout of plan.space can run") as err:
         Screen(only.scenario, only.plan, only.hardware, demand).run()
     assert "MegaMoE" in str(err.value)
+
+
+def test_split_share_is_the_least_loaded_ranks_poisson_tail():
+    """Dual-batch overlap splits a decode step when every DP rank holds at least `least`
+    requests: with independent Poisson ranks, P(X >= least) to the power of the ranks."""
+    one = 1 - math.exp(-5.0) * (1 + 5.0 + 5.0 ** 2 / 2)  # P(X >= 3), mean 5
+    assert split_share(np.array([5.0]), 1, 3)[0] == pytest.approx(one, rel=1e-12)
+    assert split_share(np.array([5.0]), 4, 3)[0] == pytest.approx(one ** 4, rel=1e-12)
+    s = split_share(np.arange(0.0, 80.0), 32, 8)
+    assert (np.diff(s) >= 0).all() and s[8] < 1e-6 and s[-1] > 0.999
+    assert split_share(np.array([3.0]), 32, 0)[0] == 1.0  # no threshold: every step splits
+
+
+def test_an_overlapped_decode_table_weighs_split_and_whole_steps(monkeypatch):
+    """With the overlap on, each entry of the decode table is the split step weighted by
+    `split_share` and the whole step by the rest: DeepSeek-V3's DEP8 on GB300, 3 drafts (8
+    requests a rank reach the 32-token threshold)."""
+    from rackSim.config import compose_scenario, with_changes
+    from rackSim.plan import speeds
+
+    base = compose_scenario(["model=deepseek_v3", "perf.weight_dtype=fp8",
+                             "perf.profile=calibration/gb300_nvl72__deepseek_v3.yaml",
+                             "deployment.prefill.gpus_per_instance=4",
+                             "deployment.decode.gpus=8"])
+    on_cfg = with_changes(base, deployment={"decode": {"dbo": {"enabled": True}}})
+    whole, on = (speeds.decode_speed(c, 4096.0) for c in (base, on_cfg))
+    monkeypatch.setattr(speeds, "split_share", lambda n, ranks, least: np.ones(len(n)))
+    always = speeds.decode_speed(on_cfg, 4096.0)
+    share = split_share(on.per_rank, 8, 8)
+    assert on.step_ms == pytest.approx(share * always.step_ms + (1 - share) * whole.step_ms,
+                                       rel=1e-12)
+    # at 8 a rank, the threshold on average, a rank under it vetoes all but 1 % of splits
+    eight = np.flatnonzero(on.per_rank == 8)[0]
+    assert share[eight] < 0.01 and always.step_ms[eight] != whole.step_ms[eight]
+    assert on.step_ms[eight] == pytest.approx(whole.step_ms[eight], rel=0.01)
