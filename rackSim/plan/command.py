@@ -22,7 +22,12 @@ from pathlib import Path
 import pandas as pd
 
 from rackSim.plan.choose import chosen, families, next_round, to_confirm
-from rackSim.plan.confirm import compare, run_confirmation, write_candidates
+from rackSim.plan.confirm import (
+    compare,
+    held_by_candidates,
+    run_confirmation,
+    write_candidates,
+)
 from rackSim.plan.demand import profile_demand
 from rackSim.plan.inputs import PlanInputs
 from rackSim.plan.screen import Screen
@@ -89,6 +94,10 @@ def run_plan(inputs: PlanInputs, out_dir: Path, overrides: Sequence[str] = ()) -
         picks = picks.assign(candidate=write_candidates(picks, plan, out_dir, cfg,
                                                         scenario_overrides(overrides)),
                              confirm_round=round_)
+        held = held_by_candidates(picks["candidate"], out_dir, scenario_overrides(overrides))
+        if held:
+            print("racksim-plan: the candidates set these keys themselves (the command line's "
+                  f"value only where one sets none): {' '.join(held)}", file=sys.stderr)
         sim = run_confirmation(picks["candidate"].tolist(), plan, out_dir,
                                scenario_overrides(overrides))
         got = compare(picks, sim)

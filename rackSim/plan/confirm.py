@@ -151,14 +151,21 @@ def _layout_id(row: pd.Series) -> str:
             f"{part('decode', 'decode_instances', 'decode_gpus')}")
 
 
+def held_by_candidates(ids: Sequence[str], out_dir: Path, overrides: Sequence[str]
+                       ) -> list[str]:
+    """The `overrides` of keys the candidate files `ids` set (`write_candidates`)."""
+    group = out_dir / "candidates" / CANDIDATE_GROUP
+    configs = [yaml.safe_load((group / f"{i}.yaml").read_text()) for i in ids]
+    return [o for o in overrides if (k := _override_key(o)) and _sets(configs, k)]
+
+
 def confirm_command(ids: Sequence[str], plan: PlanSpec, out_dir: Path,
                     scenario_overrides: Sequence[str]) -> list[str]:
     """The `racksim -m` command line that simulates `ids` (written by `write_candidates`),
     without the `scenario_overrides` of keys their files set (those files hold them)."""
     c = plan.confirm
-    group = out_dir / "candidates" / CANDIDATE_GROUP
-    configs = [yaml.safe_load((group / f"{i}.yaml").read_text()) for i in ids]
-    kept = [o for o in scenario_overrides if not ((k := _override_key(o)) and _sets(configs, k))]
+    held = set(held_by_candidates(ids, out_dir, scenario_overrides))
+    kept = [o for o in scenario_overrides if o not in held]
     return [sys.executable, "-c", "from rackSim.cli import run; run()", "-m",
             f"hydra/launcher={c.launcher}", *c.launcher_overrides,
             f"hydra.searchpath=[file://{(out_dir / 'candidates').resolve()}]",

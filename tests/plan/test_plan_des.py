@@ -97,7 +97,7 @@ def test_command_line_keys_a_candidate_sets_stay_the_candidates(tmp_path):
     from plan_support import SMALL, compose_plan, compose_tree
 
     from rackSim.config import load_run_config
-    from rackSim.plan.confirm import confirm_command, write_candidates
+    from rackSim.plan.confirm import confirm_command, held_by_candidates, write_candidates
 
     profile = "calibration/gb300__deepseek_v4_1_flash.yaml"
     overrides = ["deployment.prefill.gpus_per_instance=4", "workload.replay.concurrency=7",
@@ -118,6 +118,7 @@ def test_command_line_keys_a_candidate_sets_stay_the_candidates(tmp_path):
     scenario = ["experiment=smoke", *overrides]
     ids = write_candidates(rows, inputs.plan, tmp_path, inputs.scenario, scenario)
     cmd = confirm_command(ids, inputs.plan, tmp_path, scenario)
+    assert held_by_candidates(ids, tmp_path, scenario) == overrides[:3]  # what the plan says
     kept = cmd[cmd.index("progress=false") + 1:-1]
     assert kept == ["experiment=smoke", "deployment.decode.max_num_seqs_per_rank=64",
                     "deployment.prefill.dbo.prefill_token_threshold=256"]
