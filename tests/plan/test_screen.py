@@ -23,6 +23,14 @@ from rackSim.workload.graph import RequestSpec, SessionGraph
 from rackSim.workload.sources import load_sessions
 
 
+def screen_for(inputs, accepted: float) -> Screen:
+    """A screen of `inputs`' plan over its scenario's workload, `accepted` tokens a step."""
+    cfg = inputs.scenario
+    demand = profile_demand(load_sessions(cfg.workload, cfg.seed), accepted,
+                            lanes=inputs.plan.demand.agents)
+    return Screen(cfg, inputs.plan, inputs.hardware, demand)
+
+
 def test_prices_rental_and_capex_by_hand():
     gb300 = load_hardware("gb300_nvl72")
     assert HardwareOption(name="gb300_nvl72", rental_usd_per_gpu_hour=5.0
@@ -112,10 +120,7 @@ def test_a_family_too_big_for_the_rack_is_a_reason_not_a_gap():
     inputs = compose_plan(SMALL + ["plan.space.decode_gpus=[64]",
                                    "plan.space.decode_instances=[1,2]",
                                    "plan.space.families=[disaggregated]"])
-    cfg = inputs.scenario
-    demand = profile_demand(load_sessions(cfg.workload, cfg.seed), 3.25,
-                            lanes=inputs.plan.demand.agents)
-    screen = Screen(cfg, inputs.plan, inputs.hardware, demand)
+    screen = screen_for(inputs, 3.25)
     rows = screen.run()
     assert set(rows["layout"]) == {"P1xDEP2+DEP64", "P2xDEP2+DEP64", "P3xDEP2+DEP64"}
     table = families(rows, screen.rejected, rows.iloc[0:0])
@@ -264,15 +269,12 @@ def test_a_generated_model_on_another_gpu_screens_with_its_own_profile(tmp_path)
         *model_overrides("qwen3_235b_a22b"),  # with perf.weight_dtype=fp8: H200 has no fp4
         f"plan.hardware=[{{name: h200_hgx, rental_usd_per_gpu_hour: 3.0, profile: {profile}}}]",
         "plan.space.decode_gpus=[4,8]", "plan.space.prefill_gpus_per_instance=[2,4]"])
-    cfg = inputs.scenario
-    demand = profile_demand(load_sessions(cfg.workload, cfg.seed), 1.0,
-                            lanes=inputs.plan.demand.agents)
-    screen = Screen(cfg, inputs.plan, inputs.hardware, demand)
+    screen = screen_for(inputs, 1.0)
     rows = screen.run()
     assert len(rows) > 0 and set(rows["hardware"]) == {"h200_hgx"}
     lay = next(lay for lay in rack_layouts(inputs.plan.space, 8)
                if (lay.prefill_gpus, lay.decode_gpus) == (4, 4))
-    priced = layout_config(cfg, inputs.hardware["h200_hgx"], lay,
+    priced = layout_config(inputs.scenario, inputs.hardware["h200_hgx"], lay,
                            inputs.plan.option("h200_hgx").profile)
     assert priced.perf.profile.name == "h200_hgx__qwen3_235b_a22b.yaml"
     assert priced.model.num_routed_experts == 128 and priced.hardware.name.startswith("H200")
@@ -335,10 +337,7 @@ def test_the_screen_searches_dual_batch_overlap_on_deepep_kernels(tmp_path):
     from rackSim.plan.screen import layout_config
 
     inputs = compose_plan(DEEPSEEK_V3_ON_GB300)
-    cfg = inputs.scenario
-    demand = profile_demand(load_sessions(cfg.workload, cfg.seed), 1.0,
-                            lanes=inputs.plan.demand.agents)
-    screen = Screen(cfg, inputs.plan, inputs.hardware, demand)
+    screen = screen_for(inputs, 1.0)
     rows = screen.run()
     assert not screen.rejected
     assert {"P2xDEP4+DEP8", "P2xDEP4(dbo)+DEP8", "P2xDEP4+DEP8(dbo)",
@@ -356,6 +355,7 @@ def test_the_screen_searches_dual_batch_overlap_on_deepep_kernels(tmp_path):
     assert col.loc["C1xDEP8(dbo)", "decode_step_ms"] != col.loc["C1xDEP8", "decode_step_ms"]
 
     row = rows[(rows["layout"] == "P2xDEP4(dbo)+DEP8") & (rows["racks"] == 1)].iloc[0]
+    cfg = inputs.scenario
     dep = candidate_config(row, inputs.plan, cfg)["deployment"]
     assert dep["prefill"]["dbo"] == {"enabled": True}
     assert dep["decode"]["dbo"] == {"enabled": False}
@@ -376,10 +376,7 @@ def test_a_profile_that_cannot_overlap_refuses_those_families_only():
 
     both = compose_plan([*SMALL, "plan.space.families=[disaggregated]",
                          "+plan.space.prefill_dbo=[false,true]"])
-    cfg = both.scenario
-    demand = profile_demand(load_sessions(cfg.workload, cfg.seed), 3.25,
-                            lanes=both.plan.demand.agents)
-    screen = Screen(cfg, both.plan, both.hardware, demand)
+    screen = screen_for(both, 3.25)
     rows = screen.run()
     assert len(rows) and not rows["prefill_dbo"].any()
     why = families(rows, screen.rejected, rows.iloc[0:0]).set_index("family")["why"]
@@ -388,7 +385,7 @@ def test_a_profile_that_cannot_overlap_refuses_those_families_only():
     only = compose_plan([*SMALL, "+plan.space.prefill_dbo=[true]",
                          "+plan.space.colocated_dbo=[true]"])
     with pytest.raises(PlanError, match="no layout of plan.space can run") as err:
-        Screen(only.scenario, only.plan, only.hardware, demand).run()
+        screen_for(only, 3.25).run()
     assert "MegaMoE" in str(err.value)
 
 
