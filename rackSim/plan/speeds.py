@@ -195,7 +195,9 @@ class ColocatedSpeed:
     chunks of at most `free(n) = budget - n (1 + draft tokens)` tokens, so a rank with prefill
     work puts a chunk of c = min(E[u], free) into a step and a share s = p / c of its steps
     carry one; a step carries prefill when any rank's does (1 - (1 - s)^ranks), and then its
-    busiest rank's chunk sets the per-rank parts (`StepModel.mixed_step`)."""
+    busiest rank's chunk sets the per-rank parts (`StepModel.mixed_step`). With dual-batch
+    overlap, a step without prefill splits as a decode instance's does (`split_share`); one
+    with prefill as the step model decides for the expected chunks."""
 
     def __init__(self, cfg: RunConfig, context_tokens: float, decode_steps: float):
         d, m, hw = cfg.deployment, cfg.model, cfg.hardware
@@ -218,13 +220,29 @@ class ColocatedSpeed:
                                       (self.budget - 1) / q))
         self.context, self.decode_steps = context_tokens, decode_steps
         self._tables: dict[tuple[int, int], ColocatedTable] = {}
+        #: with dual-batch overlap: the same instance without it, for the steps a rank under
+        #: the decode threshold keeps whole (`split_share`), and that threshold in requests
+        self._whole: StepModel | None = None
+        if col.dbo.enabled:
+            self._whole = build_step_model(with_changes(cfg, deployment={"colocated": {
+                "dbo": {"enabled": False}}}), "colocated", seed=cfg.seed)
+            self._least = -(-col.dbo.decode_token_threshold // q)
 
     def free(self, per_rank: np.ndarray | float) -> np.ndarray:
         """Prefill tokens a rank's step has room for beside its decode tokens."""
         return self.budget - np.asarray(per_rank) * (1 + self.draft_tokens)
 
+    def _idle_ms(self, n: float, step: int) -> float:
+        """A step without prefill at `n` decode requests per rank (ms); with the overlap, the
+        split and the whole step weighted by `split_share`."""
+        ms = self._step_ms(n, 0, 0, 0, 0.0, 1.0, step)
+        if self._whole is None:
+            return ms
+        p = float(split_share(np.array([n]), self.ranks, self._least)[0])
+        return p * ms + (1.0 - p) * self._step_ms(n, 0, 0, 0, 0.0, 1.0, step, self._whole)
+
     def _step_ms(self, n: float, tokens: float, busiest: float, requests: int, prompt: float,
-                 uncached: float, step: int) -> float:
+                 uncached: float, step: int, model: StepModel | None = None) -> float:
         cached = max(prompt - uncached, 0.0)
         prefill = PrefillBatch(new_tokens=int(tokens), attended_tokens=int(tokens + requests
                                                                            * cached),
@@ -235,7 +253,7 @@ class ColocatedSpeed:
         k = int(round(n))
         decode = DecodeBatch([k] * self.ranks, [k * self.context] * self.ranks, self.accepted,
                              self.draft_tokens, 0, 0, step)
-        return self.model.mixed_step(prefill, decode).total_ms
+        return (model or self.model).mixed_step(prefill, decode).total_ms
 
     def table(self, prompt: float, uncached: float) -> ColocatedTable:
         """The steps at requests of `prompt` tokens of which `uncached` are computed."""
@@ -259,7 +277,7 @@ class ColocatedSpeed:
             for _ in range(DECODE_TABLE_PASSES):
                 step += STEP_INDEX_STRIDE
                 b += self._step_ms(n, tokens or chunk, chunk, max(requests, 1), prompt, u, step)
-                i += self._step_ms(n, 0, 0, 0, prompt, u, step)
+                i += self._idle_ms(n, step)
             b, i = b / DECODE_TABLE_PASSES, i / DECODE_TABLE_PASSES
             mean[j], busy[j], share[j] = any_busy * b + (1 - any_busy) * i, b, any_busy
         got = self._tables[key] = ColocatedTable(grid.astype(float), mean, busy, share)

@@ -422,3 +422,32 @@ def test_an_overlapped_decode_table_weighs_split_and_whole_steps(monkeypatch):
     eight = np.flatnonzero(on.per_rank == 8)[0]
     assert share[eight] < 0.01 and always.step_ms[eight] != whole.step_ms[eight]
     assert on.step_ms[eight] == pytest.approx(whole.step_ms[eight], rel=0.01)
+
+
+def test_an_overlapped_colocated_instance_splits_its_decode_only_steps_as_decode_does(
+        monkeypatch):
+    """A colocated step without prefill is a decode step: with the overlap, split and whole
+    weighted by `split_share` (DeepSeek-V3's colocated DEP8 on GB300)."""
+    from rackSim.config import compose_scenario
+    from rackSim.plan import speeds
+    from rackSim.plan.layout import RackLayout
+    from rackSim.plan.screen import layout_config
+
+    base = compose_scenario(["model=deepseek_v3", "perf.weight_dtype=fp8",
+                             "perf.profile=calibration/gb300_nvl72__deepseek_v3.yaml",
+                             "deployment.prefill.gpus_per_instance=4"])
+    cfg = layout_config(base, load_hardware("gb300_nvl72"),
+                        RackLayout("colocated", 0, 0, 0, 0, 1, 8, colocated_dbo=True))
+    idle = {}
+    for label, share in (("split", 1.0), ("whole", 0.0), ("poisson", None)):
+        if share is not None:
+            monkeypatch.setattr(speeds, "split_share",
+                                lambda n, ranks, least, v=share: np.full(len(n), v))
+        else:
+            monkeypatch.undo()
+        speed = speeds.ColocatedSpeed(cfg, 4096.0, 100.0)
+        idle[label] = speed._idle_ms(12.0, 97)
+    p = split_share(np.array([12.0]), 8, 8)[0]
+    assert 0.2 < p < 0.8 and idle["split"] != idle["whole"]
+    assert idle["poisson"] == pytest.approx(p * idle["split"] + (1 - p) * idle["whole"],
+                                            rel=1e-12)
