@@ -2,7 +2,8 @@
 
 Order of preference among candidates that meet every SLO within the limits: cheapest fleet
 per hour (racks are bought whole), then fewest GPUs in use (the rest of the rack is spare),
-then the largest headroom to the tightest SLO. When none does, the best found is the one
+then the largest headroom to the tightest SLO (the simulation's, among candidates it
+confirmed). When none does, the best found is the one
 closest to meeting them (largest `headroom_min`, i.e. the smallest shortfall), and its
 verdict says which SLO it misses.
 """
@@ -74,15 +75,32 @@ def next_round(screened: pd.DataFrame, confirmed: pd.DataFrame, plan: PlanSpec
     return to_confirm(safe[safe["feasible"]], plan.confirm.top_k, every_kind=False)
 
 
+def des_headroom(confirmed: pd.DataFrame, plan: PlanSpec) -> pd.Series:
+    """The headroom of each simulated candidate to its tightest SLO, as `headroom_min` is of
+    the screen's (> 0: every SLO met with that fraction to spare)."""
+    slo = plan.slo
+    heads = [confirmed["des_interactivity_tok_s"] / slo.interactivity_p90_tok_s_user_min - 1,
+             1 - confirmed["des_ttft_p90_ms"] / (slo.ttft_p90_s_max * 1e3)]
+    if slo.ttft_p50_s_max is not None:
+        heads.append(1 - confirmed["des_ttft_p50_ms"] / (slo.ttft_p50_s_max * 1e3))
+    return pd.concat(heads, axis=1).min(axis=1)
+
+
 def chosen(candidates: pd.DataFrame, n: int) -> pd.DataFrame:
     """The `n` plans recommended, in the order of `ranked`, except that candidates the
-    simulation confirmed within the SLOs come first and those it found missing them last."""
+    simulation confirmed within the SLOs come first (among them, at the same cost and GPUs,
+    the one the simulation finds with most headroom) and those it found missing them
+    last."""
     order = ranked(candidates)
     des = order["des_meets_slo"] if "des_meets_slo" in order else pd.Series(
         None, index=order.index, dtype=object)
-    tier = [0 if v is True else 2 if v is False else 1 for v in des]
-    return order.assign(_tier=tier).sort_values("_tier", kind="stable").head(n).drop(
-        columns="_tier")
+    tier = pd.Series([0 if v is True else 2 if v is False else 1 for v in des],
+                     index=order.index)
+    met = order[tier == 0]
+    if "des_headroom_min" in met:
+        met = met.sort_values(["fleet_usd_h", "gpus", "des_headroom_min"],
+                              ascending=[True, True, False], kind="stable")
+    return pd.concat([met, order[tier == 1], order[tier == 2]]).head(n)
 
 
 def families(screened: pd.DataFrame, rejected: list[Rejected],

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rackSim.plan.choose import chosen, families, next_round, to_confirm
+from rackSim.plan.choose import chosen, des_headroom, families, next_round, to_confirm
 from rackSim.plan.confirm import (
     compare,
     held_by_candidates,
@@ -103,6 +103,7 @@ def run_plan(inputs: PlanInputs, out_dir: Path, overrides: Sequence[str] = ()) -
         got = compare(picks, sim)
         got["des_verdict"] = [des_verdict(r, inputs) for _, r in got.iterrows()]
         got["des_meets_slo"] = got["des_verdict"] == ""
+        got["des_headroom_min"] = des_headroom(got, plan)
         confirmed = pd.concat([confirmed, got])
         if got["des_meets_slo"].any():
             break

@@ -34,6 +34,27 @@ def test_cheapest_first_then_fewest_gpus_then_headroom():
     assert chosen(df, 3).index.tolist() == [0, 1, 2]
 
 
+def test_among_simulated_plans_the_simulations_headroom_breaks_ties(small_inputs):
+    """Two candidates both simulated within the SLOs, at the same cost and GPUs: the one the
+    simulation finds with more headroom first, whatever the screen said."""
+    from rackSim.plan.choose import des_headroom
+
+    df = _frame([
+        {"family_key": "a", "fleet_usd_h": 648, "headroom_min": 0.12,
+         "des_interactivity_tok_s": 150.6, "des_ttft_p90_ms": 1000.0},
+        {"family_key": "b", "fleet_usd_h": 648, "headroom_min": 0.09,
+         "des_interactivity_tok_s": 166.8, "des_ttft_p90_ms": 1100.0},
+        {"family_key": "c", "fleet_usd_h": 360, "headroom_min": 0.01, "feasible": False},
+    ])
+    # SLOs: 150 tok/s/user, TTFT P90 2 s
+    heads = des_headroom(df.iloc[:2], small_inputs.plan)
+    assert heads.tolist() == pytest.approx([150.6 / 150 - 1, 166.8 / 150 - 1])
+    df.loc[:1, "des_meets_slo"] = True
+    df.loc[:1, "des_headroom_min"] = heads
+    assert chosen(df, 2).index.tolist() == [1, 0]
+    assert chosen(df.drop(columns="des_headroom_min"), 2).index.tolist() == [0, 1]
+
+
 def test_next_round_discounts_the_screen_by_its_worst_error(small_inputs):
     confirmed = _frame([
         {"family_key": "a", "fleet_usd_h": 720, "interactivity_tok_s": 160.0,
