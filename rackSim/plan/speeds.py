@@ -5,9 +5,9 @@
   the step is close to affine in the batch there), each request holding the demand's mean
   decode context;
   the mean over a run of steps (EPLB drift and stragglers sampled as the engine would), and
-  the KV limit: requests per rank whose context fits the HBM left for KV. With dual-batch
-  overlap, the split and the whole step weighted by how often the least-loaded rank lets the
-  overlap split (`split_share`).
+  the KV limit: requests per rank whose context fits the HBM left for KV. The ranks' loads
+  spread about the mean (`RankLoads`): the busiest rank sets the per-rank parts, the
+  least-loaded whether dual-batch overlap splits.
 * `PrefillSpeed`: a DEPn prefill instance's full-budget chunked step for a given mix of
   cached / uncached tokens per request (the engine's scheduling: `max_num_batched_tokens` per
   rank per step, requests back to back) and the time of one request's own chunks.
@@ -26,13 +26,13 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import poisson
 
-from rackSim.config import with_changes
 from rackSim.config.specs import RunConfig, kv_bytes_per_gpu
 from rackSim.perf import DecodeBatch, PrefillBatch, StepModel, build_step_model
 from rackSim.perf.kv_transfer import push_transfer_ms
 
-#: Passes over the occupancy grid whose steps are averaged (EPLB and straggler sampling).
-DECODE_TABLE_PASSES = 4
+#: Passes over the occupancy grid whose steps are averaged (the DP ranks' loads, EPLB and
+#: straggler sampling).
+DECODE_TABLE_PASSES = 8
 #: Step-index stride between table samples (steps): spreads samples over EPLB intervals.
 STEP_INDEX_STRIDE = 97
 #: Occupancy grid (requests per rank): every value up to this, then every `GRID_STRIDE`.
@@ -56,22 +56,37 @@ class DecodeSpeed:
         return np.interp(per_rank, self.per_rank, self.step_ms)
 
 
-def split_share(per_rank: np.ndarray, ranks: int, least: int) -> np.ndarray:
-    """Share of an instance's decode steps that dual-batch overlap splits at `per_rank`
-    requests per DP rank on average: those whose every rank holds at least `least` requests
-    (one rank under the token threshold vetoes the split), the ranks' counts independent
-    Poisson (sessions arrive at ranks independently). Measured against the engine (DeepSeek-V3,
-    GB200, DEP32, least 8): at 10 / 11 / 12 requests a rank 0.03 / 0.7 / 5 % here against
-    1.0 / 5.6 / 48 % simulated; the engine's least-loaded placement keeps its ranks closer
-    together than Poisson, so this errs towards fewer splits (pricing every rank at the mean
-    would split every step from 8 on)."""
-    return poisson.sf(least - 1, np.maximum(per_rank, 1e-9)) ** ranks
+class RankLoads:
+    """Requests on each DP rank of an instance holding `per_rank` a rank on average, one
+    draw per table pass: the ranks' counts independent Poisson (sessions reach ranks
+    independently), from uniforms drawn once per instance (`seed`) so that every occupancy
+    of the table sees the same draws and the table stays monotone in it. A TP instance (one
+    rank) holds the mean. Measured against the engine (DeepSeek-V3 on GB200, DEP16, 10.65
+    requests a rank, 35.9K tokens each): steps of 54.6 ms mean and 57.9 ms P90 over such
+    draws, the simulation's 54.6 and 58.4; every rank at the mean, 47.9 ms. The spread sets
+    the busiest rank's attention and whether dual-batch overlap splits (one rank under its
+    threshold vetoes it; the engine's least-loaded placement keeps its least-loaded rank
+    about one request higher than Poisson, so overlap splits somewhat more there)."""
+
+    def __init__(self, ranks: int, cap: int, seed: int):
+        self.ranks, self.cap = ranks, cap
+        self._u = np.random.default_rng(seed).random((DECODE_TABLE_PASSES, ranks))
+        self._by_mean: dict[float, list[list[int]]] = {}
+
+    def draw(self, per_rank: float, k: int) -> list[int]:
+        """Pass `k`'s requests per rank at `per_rank` on average."""
+        if self.ranks == 1:
+            return [int(round(per_rank))]
+        got = self._by_mean.get(per_rank)
+        if got is None:
+            loads = np.minimum(poisson.ppf(self._u, max(per_rank, 1e-12)), self.cap)
+            got = self._by_mean[per_rank] = loads.astype(int).tolist()
+        return got[k]
 
 
 def decode_speed(cfg: RunConfig, context_tokens: float) -> DecodeSpeed:
-    """Tabulate `cfg`'s decode instance with every request holding `context_tokens`. With
-    dual-batch overlap, each entry is the split step and the whole one weighted by the share
-    of steps the overlap splits there (`split_share`)."""
+    """Tabulate `cfg`'s decode instance with every request holding `context_tokens`, each
+    entry the mean step over its passes' rank loads (`RankLoads`)."""
     d = cfg.deployment.decode
     model = build_step_model(cfg, "decode", seed=cfg.seed)
     ranks = d.gpus if d.parallelism == "DEP" else 1
@@ -79,25 +94,17 @@ def decode_speed(cfg: RunConfig, context_tokens: float) -> DecodeSpeed:
     top = d.max_num_seqs_per_rank
     grid = np.unique(np.concatenate([np.arange(min(GRID_DENSE, top) + 1),
                                      np.arange(GRID_DENSE, top, GRID_STRIDE), [top]]))
-    split = np.ones(len(grid))
-    whole = None
-    if d.dbo.enabled:
-        q = 1 + spec.num_draft_tokens
-        split = split_share(grid.astype(float), ranks, -(-d.dbo.decode_token_threshold // q))
-        whole = build_step_model(with_changes(cfg, deployment={"decode": {"dbo": {
-            "enabled": False}}}), "decode", seed=cfg.seed)
+    loads = RankLoads(ranks, top, cfg.seed)
     total = np.zeros(len(grid))
     step = 0
-    for _ in range(DECODE_TABLE_PASSES):
+    for k in range(DECODE_TABLE_PASSES):
         for j, i in enumerate(grid):
             step += STEP_INDEX_STRIDE
-            batch = DecodeBatch([int(i)] * ranks, [float(i) * context_tokens] * ranks,
+            reqs = loads.draw(float(i), k)
+            batch = DecodeBatch(reqs, [r * context_tokens for r in reqs],
                                 spec.accepted_tokens_per_step, spec.num_draft_tokens, 0, 0,
                                 step)
-            ms = model.decode_step(batch).total_ms
-            if whole is not None:
-                ms = split[j] * ms + (1.0 - split[j]) * whole.decode_step(batch).total_ms
-            total[j] += ms
+            total[j] += model.decode_step(batch).total_ms
     kv_tokens = kv_bytes_per_gpu(cfg, d.gpus) * (d.gpus / ranks) / cfg.model.kv_bytes_per_token
     return DecodeSpeed(ranks=ranks, per_rank=grid.astype(float),
                        step_ms=total / DECODE_TABLE_PASSES,
@@ -195,9 +202,8 @@ class ColocatedSpeed:
     chunks of at most `free(n) = budget - n (1 + draft tokens)` tokens, so a rank with prefill
     work puts a chunk of c = min(E[u], free) into a step and a share s = p / c of its steps
     carry one; a step carries prefill when any rank's does (1 - (1 - s)^ranks), and then its
-    busiest rank's chunk sets the per-rank parts (`StepModel.mixed_step`). With dual-batch
-    overlap, a step without prefill splits as a decode instance's does (`split_share`); one
-    with prefill as the step model decides for the expected chunks."""
+    busiest rank's chunk sets the per-rank parts (`StepModel.mixed_step`). The decode
+    requests per rank are drawn as a decode instance's (`RankLoads`)."""
 
     def __init__(self, cfg: RunConfig, context_tokens: float, decode_steps: float):
         d, m, hw = cfg.deployment, cfg.model, cfg.hardware
@@ -220,29 +226,16 @@ class ColocatedSpeed:
                                       (self.budget - 1) / q))
         self.context, self.decode_steps = context_tokens, decode_steps
         self._tables: dict[tuple[int, int], ColocatedTable] = {}
-        #: with dual-batch overlap: the same instance without it, for the steps a rank under
-        #: the decode threshold keeps whole (`split_share`), and that threshold in requests
-        self._whole: StepModel | None = None
-        if col.dbo.enabled:
-            self._whole = build_step_model(with_changes(cfg, deployment={"colocated": {
-                "dbo": {"enabled": False}}}), "colocated", seed=cfg.seed)
-            self._least = -(-col.dbo.decode_token_threshold // q)
+        self._loads = RankLoads(self.ranks, col.max_num_seqs_per_rank, cfg.seed)
 
     def free(self, per_rank: np.ndarray | float) -> np.ndarray:
         """Prefill tokens a rank's step has room for beside its decode tokens."""
         return self.budget - np.asarray(per_rank) * (1 + self.draft_tokens)
 
-    def _idle_ms(self, n: float, step: int) -> float:
-        """A step without prefill at `n` decode requests per rank (ms); with the overlap, the
-        split and the whole step weighted by `split_share`."""
-        ms = self._step_ms(n, 0, 0, 0, 0.0, 1.0, step)
-        if self._whole is None:
-            return ms
-        p = float(split_share(np.array([n]), self.ranks, self._least)[0])
-        return p * ms + (1.0 - p) * self._step_ms(n, 0, 0, 0, 0.0, 1.0, step, self._whole)
-
     def _step_ms(self, n: float, tokens: float, busiest: float, requests: int, prompt: float,
-                 uncached: float, step: int, model: StepModel | None = None) -> float:
+                 uncached: float, step: int, k: int) -> float:
+        """A step at `n` decode requests per rank on average (pass `k`'s rank loads) with
+        `tokens` prefill tokens, `busiest` of them on one rank (ms)."""
         cached = max(prompt - uncached, 0.0)
         prefill = PrefillBatch(new_tokens=int(tokens), attended_tokens=int(tokens + requests
                                                                            * cached),
@@ -250,10 +243,10 @@ class ColocatedSpeed:
                                admitted_prompt_tokens=int(requests * prompt
                                                           * min(busiest / uncached, 1.0)),
                                ranks=self.ranks, busiest_rank_tokens=int(busiest))
-        k = int(round(n))
-        decode = DecodeBatch([k] * self.ranks, [k * self.context] * self.ranks, self.accepted,
+        reqs = self._loads.draw(n, k)
+        decode = DecodeBatch(reqs, [r * self.context for r in reqs], self.accepted,
                              self.draft_tokens, 0, 0, step)
-        return (model or self.model).mixed_step(prefill, decode).total_ms
+        return self.model.mixed_step(prefill, decode).total_ms
 
     def table(self, prompt: float, uncached: float) -> ColocatedTable:
         """The steps at requests of `prompt` tokens of which `uncached` are computed."""
@@ -274,10 +267,11 @@ class ColocatedSpeed:
             tokens = max(self.ranks * s * chunk / any_busy, chunk) if any_busy > 0 else 0.0
             requests = max(1, round(tokens / chunk)) if tokens else 0
             b = i = 0.0
-            for _ in range(DECODE_TABLE_PASSES):
+            for k in range(DECODE_TABLE_PASSES):
                 step += STEP_INDEX_STRIDE
-                b += self._step_ms(n, tokens or chunk, chunk, max(requests, 1), prompt, u, step)
-                i += self._idle_ms(n, step)
+                b += self._step_ms(n, tokens or chunk, chunk, max(requests, 1), prompt, u, step,
+                                   k)
+                i += self._step_ms(n, 0, 0, 0, prompt, u, step, k)
             b, i = b / DECODE_TABLE_PASSES, i / DECODE_TABLE_PASSES
             mean[j], busy[j], share[j] = any_busy * b + (1 - any_busy) * i, b, any_busy
         got = self._tables[key] = ColocatedTable(grid.astype(float), mean, busy, share)

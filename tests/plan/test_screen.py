@@ -18,7 +18,7 @@ from rackSim.plan.layout import rack_layouts
 from rackSim.plan.queueing import mg1_wait_s, occupancy_quantile, wait_quantile_s
 from rackSim.plan.screen import Screen
 from rackSim.plan.spec import HardwareOption, Space
-from rackSim.plan.speeds import split_share
+from rackSim.plan.speeds import RankLoads, decode_speed
 from rackSim.workload.graph import RequestSpec, SessionGraph
 from rackSim.workload.sources import load_sessions
 
@@ -389,65 +389,53 @@ def test_a_profile_that_cannot_overlap_refuses_those_families_only():
     assert "MegaMoE" in str(err.value)
 
 
-def test_split_share_is_the_least_loaded_ranks_poisson_tail():
-    """Dual-batch overlap splits a decode step when every DP rank holds at least `least`
-    requests: with independent Poisson ranks, P(X >= least) to the power of the ranks."""
-    one = 1 - math.exp(-5.0) * (1 + 5.0 + 5.0 ** 2 / 2)  # P(X >= 3), mean 5
-    assert split_share(np.array([5.0]), 1, 3)[0] == pytest.approx(one, rel=1e-12)
-    assert split_share(np.array([5.0]), 4, 3)[0] == pytest.approx(one ** 4, rel=1e-12)
-    s = split_share(np.arange(0.0, 80.0), 32, 8)
-    assert (np.diff(s) >= 0).all() and s[8] < 1e-6 and s[-1] > 0.999
-    assert split_share(np.array([3.0]), 32, 0)[0] == 1.0  # no threshold: every step splits
+def test_rank_loads_spread_as_poisson_and_grow_with_the_mean():
+    """Per pass, each rank's count is its Poisson quantile at one fixed uniform: a larger
+    mean never gives a rank fewer requests (the table stays monotone), the counts average the
+    mean, the cap holds, the seed decides, and a TP instance holds the mean."""
+    from rackSim.plan.speeds import DECODE_TABLE_PASSES
+
+    loads = RankLoads(32, 24, seed=0)
+    means = [0.0, 2.0, 8.0, 10.0, 20.0]
+    draws = {n: np.array([loads.draw(n, k) for k in range(DECODE_TABLE_PASSES)])
+             for n in means}
+    for lo, hi in zip(means, means[1:], strict=False):
+        assert (draws[lo] <= draws[hi]).all()
+    assert (draws[0.0] == 0).all() and draws[20.0].max() <= 24
+    for n in (8.0, 10.0):  # 256 counts: the mean within 3 standard errors
+        assert abs(draws[n].mean() - n) < 3 * math.sqrt(n / draws[n].size)
+        assert draws[n].min() < n < draws[n].max()
+    assert loads.draw(10.0, 3) == RankLoads(32, 24, seed=0).draw(10.0, 3)
+    assert loads.draw(10.0, 3) != RankLoads(32, 24, seed=1).draw(10.0, 3)
+    assert RankLoads(1, 24, seed=0).draw(10.4, 0) == [10]
 
 
-def test_an_overlapped_decode_table_weighs_split_and_whole_steps(monkeypatch):
-    """With the overlap on, each entry of the decode table is the split step weighted by
-    `split_share` and the whole step by the rest: DeepSeek-V3's DEP8 on GB300, 3 drafts (8
-    requests a rank reach the 32-token threshold)."""
+def test_the_busiest_rank_sets_the_decode_table():
+    """DeepSeek-V3's DEP16 on GB200 at 10 requests a rank of 36K tokens: the table's step lies
+    above every rank at the mean (the busiest rank's attention) and below every rank at the
+    most any pass drew. Overlapped (8 requests a rank reach its threshold with 3 drafts),
+    steps a rank under the threshold vetoes are priced whole: at a mean of 8, the threshold
+    itself, no pass splits (every rank at the mean would split every step), at 64 every one
+    does."""
     from rackSim.config import compose_scenario, with_changes
-    from rackSim.plan import speeds
+    from rackSim.perf import DecodeBatch, build_step_model
 
-    base = compose_scenario(["model=deepseek_v3", "perf.weight_dtype=fp8",
-                             "perf.profile=calibration/gb300_nvl72__deepseek_v3.yaml",
-                             "deployment.prefill.gpus_per_instance=4",
-                             "deployment.decode.gpus=8"])
-    on_cfg = with_changes(base, deployment={"decode": {"dbo": {"enabled": True}}})
-    whole, on = (speeds.decode_speed(c, 4096.0) for c in (base, on_cfg))
-    monkeypatch.setattr(speeds, "split_share", lambda n, ranks, least: np.ones(len(n)))
-    always = speeds.decode_speed(on_cfg, 4096.0)
-    share = split_share(on.per_rank, 8, 8)
-    assert on.step_ms == pytest.approx(share * always.step_ms + (1 - share) * whole.step_ms,
-                                       rel=1e-12)
-    # at 8 a rank, the threshold on average, a rank under it vetoes all but 1 % of splits
-    eight = np.flatnonzero(on.per_rank == 8)[0]
-    assert share[eight] < 0.01 and always.step_ms[eight] != whole.step_ms[eight]
-    assert on.step_ms[eight] == pytest.approx(whole.step_ms[eight], rel=0.01)
+    cfg = compose_scenario(["model=deepseek_v3", "perf.weight_dtype=fp8",
+                            "hardware=gb200_nvl72",
+                            "perf.profile=calibration/gb200_nvl72__deepseek_v3.yaml",
+                            "deployment.prefill.gpus_per_instance=8",
+                            "deployment.prefill.instances=4", "deployment.decode.gpus=16"])
+    ctx = 36_000.0
+    speed = decode_speed(cfg, ctx)
+    model = build_step_model(cfg, "decode", seed=cfg.seed)
 
+    def uniform(n: int) -> float:
+        return model.decode_step(DecodeBatch([n] * 16, [n * ctx] * 16, 3.25, 3, 0, 0,
+                                             97)).total_ms
 
-def test_an_overlapped_colocated_instance_splits_its_decode_only_steps_as_decode_does(
-        monkeypatch):
-    """A colocated step without prefill is a decode step: with the overlap, split and whole
-    weighted by `split_share` (DeepSeek-V3's colocated DEP8 on GB300)."""
-    from rackSim.config import compose_scenario
-    from rackSim.plan import speeds
-    from rackSim.plan.layout import RackLayout
-    from rackSim.plan.screen import layout_config
-
-    base = compose_scenario(["model=deepseek_v3", "perf.weight_dtype=fp8",
-                             "perf.profile=calibration/gb300_nvl72__deepseek_v3.yaml",
-                             "deployment.prefill.gpus_per_instance=4"])
-    cfg = layout_config(base, load_hardware("gb300_nvl72"),
-                        RackLayout("colocated", 0, 0, 0, 0, 1, 8, colocated_dbo=True))
-    idle = {}
-    for label, share in (("split", 1.0), ("whole", 0.0), ("poisson", None)):
-        if share is not None:
-            monkeypatch.setattr(speeds, "split_share",
-                                lambda n, ranks, least, v=share: np.full(len(n), v))
-        else:
-            monkeypatch.undo()
-        speed = speeds.ColocatedSpeed(cfg, 4096.0, 100.0)
-        idle[label] = speed._idle_ms(12.0, 97)
-    p = split_share(np.array([12.0]), 8, 8)[0]
-    assert 0.2 < p < 0.8 and idle["split"] != idle["whole"]
-    assert idle["poisson"] == pytest.approx(p * idle["split"] + (1 - p) * idle["whole"],
-                                            rel=1e-12)
+    most = max(max(RankLoads(16, 128, cfg.seed).draw(10.0, k)) for k in range(8))
+    assert uniform(10) * 1.05 < speed.step_at(10.0) < uniform(most)
+    on = decode_speed(with_changes(cfg, deployment={"decode": {"dbo": {"enabled": True}}}),
+                      ctx)
+    assert on.step_at(8.0) == speed.step_at(8.0)
+    assert on.step_at(64.0) != speed.step_at(64.0)
