@@ -79,7 +79,7 @@ class RankLoads:
             return [int(round(per_rank))]
         got = self._by_mean.get(per_rank)
         if got is None:
-            loads = np.minimum(poisson.ppf(self._u, max(per_rank, 1e-12)), self.cap)
+            loads = np.clip(poisson.ppf(self._u, max(per_rank, 1e-12)), 0, self.cap)
             got = self._by_mean[per_rank] = loads.astype(int).tolist()
         return got[k]
 
