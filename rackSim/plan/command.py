@@ -88,18 +88,18 @@ def run_plan(inputs: PlanInputs, out_dir: Path, overrides: Sequence[str] = ()) -
           f"{int(screened['feasible'].sum())} meet the SLOs within the limits", file=sys.stderr)
     picks = to_confirm(screened, plan.confirm.top_k)
     confirmed = picks.iloc[0:0]
+    sweep_overrides = scenario_overrides(overrides)
     for round_ in range(1, plan.confirm.rounds + 1):
         if not len(picks):
             break
         picks = picks.assign(candidate=write_candidates(picks, plan, out_dir, cfg,
-                                                        scenario_overrides(overrides)),
+                                                        sweep_overrides),
                              confirm_round=round_)
-        held = held_by_candidates(picks["candidate"], out_dir, scenario_overrides(overrides))
+        held = held_by_candidates(picks["candidate"], out_dir, sweep_overrides)
         if held:
             print("racksim-plan: the candidates set these keys themselves (the command line's "
                   f"value only where one sets none): {' '.join(held)}", file=sys.stderr)
-        sim = run_confirmation(picks["candidate"].tolist(), plan, out_dir,
-                               scenario_overrides(overrides))
+        sim = run_confirmation(picks["candidate"].tolist(), plan, out_dir, sweep_overrides)
         got = compare(picks, sim)
         got["des_verdict"] = [des_verdict(r, inputs) for _, r in got.iterrows()]
         got["des_meets_slo"] = got["des_verdict"] == ""

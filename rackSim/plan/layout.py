@@ -42,8 +42,9 @@ class RackLayout:
         """e.g. `P8xDEP2+DEP32`, `P4xDEP2+2xDEP16`, `C3xDEP16`, `P4xDEP8(dbo)+DEP32` (the
         simulator's layout label)."""
         if self.family == "colocated":
-            return f"C{self.colocated_instances}xDEP{self.colocated_gpus}{self._colocated_mark}"
-        return (f"P{self.prefill_instances}xDEP{self.prefill_gpus}{self._prefill_mark}"
+            return (f"C{self.colocated_instances}xDEP{self.colocated_gpus}"
+                    f"{_mark(self.colocated_dbo)}")
+        return (f"P{self.prefill_instances}xDEP{self.prefill_gpus}{_mark(self.prefill_dbo)}"
                 f"+{self._decode_label}")
 
     @property
@@ -51,23 +52,20 @@ class RackLayout:
         """The family a rejected layout is reported under: kind, instance widths and
         overlap."""
         if self.family == "colocated":
-            return f"colocated: DEP{self.colocated_gpus}{self._colocated_mark} instances"
-        return (f"{self.family}: DEP{self.prefill_gpus}{self._prefill_mark} prefill + "
+            return f"colocated: DEP{self.colocated_gpus}{_mark(self.colocated_dbo)} instances"
+        return (f"{self.family}: DEP{self.prefill_gpus}{_mark(self.prefill_dbo)} prefill + "
                 f"{self._decode_label} decode")
 
     @property
     def _decode_label(self) -> str:
         """`DEP32`, `2xDEP16` for several decode instances, `DEP32(dbo)` with the overlap."""
-        dec = f"DEP{self.decode_gpus}{DBO_MARK if self.decode_dbo else ''}"
+        dec = f"DEP{self.decode_gpus}{_mark(self.decode_dbo)}"
         return f"{self.decode_instances}x{dec}" if self.decode_instances > 1 else dec
 
-    @property
-    def _prefill_mark(self) -> str:
-        return DBO_MARK if self.prefill_dbo else ""
 
-    @property
-    def _colocated_mark(self) -> str:
-        return DBO_MARK if self.colocated_dbo else ""
+def _mark(dbo: bool | None) -> str:
+    """`(dbo)` after an instance kind that runs with dual-batch overlap."""
+    return DBO_MARK if dbo else ""
 
 
 def smallest_layouts(space: Space) -> Iterator[RackLayout]:
