@@ -56,6 +56,13 @@ class DecodeSpeed:
         return np.interp(per_rank, self.per_rank, self.step_ms)
 
 
+def occupancy_grid(top: int) -> np.ndarray:
+    """Requests per rank a table is priced at: every count up to `GRID_DENSE`, then every
+    `GRID_STRIDE`th, and `top`."""
+    return np.unique(np.concatenate([np.arange(min(GRID_DENSE, top) + 1),
+                                     np.arange(GRID_DENSE, top, GRID_STRIDE), [top]]))
+
+
 class RankLoads:
     """Requests on each DP rank of an instance holding `per_rank` a rank on average, one
     draw per table pass: the ranks' counts independent Poisson (sessions reach ranks
@@ -92,8 +99,7 @@ def decode_speed(cfg: RunConfig, context_tokens: float) -> DecodeSpeed:
     ranks = d.gpus if d.parallelism == "DEP" else 1
     spec = d.speculative
     top = d.max_num_seqs_per_rank
-    grid = np.unique(np.concatenate([np.arange(min(GRID_DENSE, top) + 1),
-                                     np.arange(GRID_DENSE, top, GRID_STRIDE), [top]]))
+    grid = occupancy_grid(top)
     loads = RankLoads(ranks, top, cfg.seed)
     total = np.zeros(len(grid))
     step = 0
@@ -256,8 +262,7 @@ class ColocatedSpeed:
             return got
         u = max(uncached, 1.0)
         top = max(int(self.max_per_rank), 1)
-        grid = np.unique(np.concatenate([np.arange(min(GRID_DENSE, top) + 1),
-                                         np.arange(GRID_DENSE, top, GRID_STRIDE), [top]]))
+        grid = occupancy_grid(top)
         mean, busy, share = (np.zeros(len(grid)) for _ in range(3))
         step = 0
         for j, n in enumerate(grid.astype(float)):
