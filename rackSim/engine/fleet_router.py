@@ -77,6 +77,7 @@ class FleetRouter:
         colocated instance: `prefill`, with no decode instance)."""
         self._home[key], self._decode[key] = rack, decode
         self._last_prefill[key] = (rack, prefill)
+        rack.router.home(key, prefill)
 
     def _least_work(self, racks: list[Rack]) -> Rack:
         return min(racks, key=_load)
