@@ -9,8 +9,8 @@ server simulated):
 * prefix reuse as a function of the prefix-cache capacity *per live agent* (tokens): the
   prompts are replayed in send order on `lanes` closed-loop lanes through one block-LRU cache
   of `capacity x lanes` tokens (the prefill instances' view: outputs are not cached until a
-  later prompt carries them). Uncached tokens per request (mean, mean square, P90) are kept
-  per capacity and interpolated in log capacity;
+  later prompt carries them). Uncached tokens per request (mean, mean square, and their
+  quantiles at every 5 %) are kept per capacity and interpolated in log capacity;
 * session duration, linear in the latencies a server gives: ``d = d0 + n_ttft x TTFT +
   n_tpot x TPOT`` (s), where d0 is the tool / think time on the session's critical path,
   n_ttft the requests on it and n_tpot their output tokens after the first. Found exactly
@@ -30,6 +30,8 @@ from rackSim.workload.stats import NominalTiming, prefix_hits, timeline
 
 #: Prefix-cache capacities per live agent at which reuse is measured (tokens).
 CACHE_PER_AGENT_TOKENS = (0.0, 2e3, 8e3, 32e3, 64e3, 128e3, 256e3, 1e6, 4e6)
+#: Levels at which the uncached tokens' distribution is kept (0, 5 %, ..., 100 %).
+UNCACHED_LEVELS = np.linspace(0.0, 1.0, 21)
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,8 @@ class DemandProfile:
     cache_per_agent: np.ndarray
     uncached_mean: np.ndarray
     uncached_sq_mean: np.ndarray
-    uncached_p90: np.ndarray
+    #: (capacity, level): the `UNCACHED_LEVELS` quantiles of uncached tokens per request
+    uncached_quantiles: np.ndarray
 
     def session_s(self, ttft_s: float, tpot_s: float) -> float:
         """Mean session duration at these mean latencies (s)."""
@@ -60,7 +63,21 @@ class DemandProfile:
         at = np.log1p(max(cache_tokens_per_agent, 0.0))
         return (float(np.interp(at, x, self.uncached_mean)),
                 float(np.interp(at, x, self.uncached_sq_mean)),
-                float(np.interp(at, x, self.uncached_p90)))
+                float(self.uncached_quantile(cache_tokens_per_agent, 0.9)))
+
+    def uncached_quantile(self, cache_tokens_per_agent: np.ndarray | float,
+                          q: np.ndarray | float) -> np.ndarray:
+        """The `q`-quantiles of uncached prompt tokens per request at these capacities
+        (broadcast together; linear between the kept levels)."""
+        at = np.log1p(np.maximum(np.asarray(cache_tokens_per_agent, dtype=float), 0.0))
+        at, q = np.broadcast_arrays(at, np.clip(np.asarray(q, dtype=float), 0.0, 1.0))
+        x = np.log1p(self.cache_per_agent)
+        by_level = np.stack([np.interp(at, x, col) for col in self.uncached_quantiles.T], -1)
+        pos = q * (len(UNCACHED_LEVELS) - 1)
+        lo = np.minimum(np.floor(pos).astype(int), len(UNCACHED_LEVELS) - 2)
+        below = np.take_along_axis(by_level, lo[..., None], -1)[..., 0]
+        above = np.take_along_axis(by_level, lo[..., None] + 1, -1)[..., 0]
+        return below + (above - below) * (pos - lo)
 
 
 def _session_durations(graphs: Sequence[SessionGraph], ttft_s: float, tpot_s: float
@@ -78,13 +95,13 @@ def profile_demand(graphs: Sequence[SessionGraph], accepted_tokens_per_step: flo
     prompt = tab["prompt"].to_numpy(dtype=float)
     output = tab["output"].to_numpy(dtype=float)
     steps = np.array([decode_steps(int(o), accepted_tokens_per_step) for o in output])
-    unc_mean, unc_sq, unc_p90 = [], [], []
+    unc_mean, unc_sq, unc_q = [], [], []
     caps = [per_agent * max(lanes, 1) for per_agent in CACHE_PER_AGENT_TOKENS]
     for hits in prefix_hits(graphs, tab, caps):
         unc = prompt - hits
         unc_mean.append(unc.mean())
         unc_sq.append((unc ** 2).mean())
-        unc_p90.append(np.quantile(unc, 0.9))
+        unc_q.append(np.quantile(unc, UNCACHED_LEVELS))
     d0 = _session_durations(graphs, 0.0, 0.0)
     # TPOT applies to tokens after the first; timeline charges every output token, so the
     # requests' first tokens are taken back out of n_tpot below.
@@ -98,4 +115,4 @@ def profile_demand(graphs: Sequence[SessionGraph], accepted_tokens_per_step: flo
         decode_context_mean=float((steps * (prompt + output / 2)).sum() / steps.sum()),
         session_d0_s=d0, session_n_ttft=n_ttft, session_n_tpot=max(n_out - n_ttft, 0.0),
         cache_per_agent=np.array(CACHE_PER_AGENT_TOKENS), uncached_mean=np.array(unc_mean),
-        uncached_sq_mean=np.array(unc_sq), uncached_p90=np.array(unc_p90))
+        uncached_sq_mean=np.array(unc_sq), uncached_quantiles=np.array(unc_q))

@@ -21,8 +21,10 @@ balances, found by bisection (vectorised over all candidates):
 If decode saturates (n reaches max_num_seqs or the KV limit) before the agents are absorbed,
 the excess agents queue for admission and their wait (Little) is added to TTFT. P90
 interactivity is taken at the 90th percentile of the instance's occupancy (Poisson, the
-M/G/infinity count) spread over its ranks: ``a / T(n90)``. Sums of P90 parts make the TTFT P90
-an upper estimate; the DES confirmation measures how far off it is.
+M/G/infinity count) spread over its ranks: ``a / T(n90)``; a colocated instance's at the step
+that 90 % of its tokens wait less for, idle or carrying a chunk by the share of the tokens its
+steps with prefill emit (`Screen._colocated_p90_ms`). Sums of P90 parts make the TTFT P90 an
+upper estimate; the DES confirmation measures how far off it is.
 """
 
 from __future__ import annotations
@@ -44,7 +46,13 @@ from rackSim.plan.inputs import PlanError
 from rackSim.plan.layout import RackLayout, rack_layouts, smallest_layouts
 from rackSim.plan.queueing import mg1_wait_s, occupancy_quantile, wait_quantile_s
 from rackSim.plan.spec import PlanSpec, Space
-from rackSim.plan.speeds import ColocatedSpeed, DecodeSpeed, PrefillSpeed, decode_speed
+from rackSim.plan.speeds import (
+    ColocatedSpeed,
+    ColocatedTable,
+    DecodeSpeed,
+    PrefillSpeed,
+    decode_speed,
+)
 
 BISECTION_STEPS = 48
 
@@ -214,7 +222,7 @@ class Screen:
                         **self._common(opt.name, hw, price, lay, racks, agents, sessions_s),
                         "serving_instances": lay.decode_instances, "serving_gpus": lay.decode_gpus,
                         "serving_dbo": bool(lay.decode_dbo),
-                        "uncached_mean": u_mean,
+                        "cache_per_agent_tokens": cache, "uncached_mean": u_mean,
                         "uncached_sq_mean": u_sq, "uncached_p90": u90, "prefill_mu_tok_s": mu,
                         "own_mean_s": pre.own_ms(d.prompt_mean, u_mean) / 1e3,
                         "own_p90_s": pre.own_ms(d.prompt_mean, u90) / 1e3,
@@ -254,14 +262,15 @@ class Screen:
         d, rows = self.demand, []
         for racks in range(1, self.plan.limits.max_racks + 1):
             agents, sessions_s = self._agents(racks)
-            u_mean, u_sq, u90 = d.uncached(lay.colocated_instances * col.cache_tokens
-                                           / max(agents, 1e-9))
+            cache = lay.colocated_instances * col.cache_tokens / max(agents, 1e-9)
+            u_mean, u_sq, u90 = d.uncached(cache)
             col.table(d.prompt_mean, u_mean)
             rows.append({
                 **self._common(option, hw, price, lay, racks, agents, sessions_s),
                 "serving_instances": lay.colocated_instances,
                 "serving_gpus": lay.colocated_gpus,
-                "serving_dbo": bool(lay.colocated_dbo), "uncached_mean": u_mean,
+                "serving_dbo": bool(lay.colocated_dbo), "cache_per_agent_tokens": cache,
+                "uncached_mean": u_mean,
                 "uncached_sq_mean": u_sq, "uncached_p90": u90, "prefill_mu_tok_s": math.nan,
                 "own_mean_s": math.nan, "own_p90_s": math.nan, "push_mean_s": 0.0,
                 "push_p90_s": 0.0, "decode_max_per_rank": col.max_per_rank})
@@ -352,6 +361,28 @@ class Screen:
         p = self._point(df, n)
         return self._predict(df, n, p, saturated)
 
+    def _colocated_p90_ms(self, df: pd.DataFrame, n: np.ndarray, n90: np.ndarray,
+                          speed: ColocatedSpeed, table: ColocatedTable) -> np.ndarray:
+        """The step at the 90th percentile of the tokens a colocated instance emits (ms).
+
+        Its steps are of two kinds: without prefill, and carrying a chunk (longer by the
+        chunk, and by a floor for the request's cached context). A step carrying prefill is
+        sampled with the arrivals, in proportion to the instance's decoding requests, so it
+        holds 1 + 1 / m times their mean (m the instance's mean occupancy, Poisson) and
+        emits w = share x (1 + 1 / m) of the tokens. Above a tenth, the P90 is the
+        (w - 0.1) / w quantile of the busy steps, whose chunk is that quantile of the
+        requests' uncached tokens (at most the free budget), at the P90 occupancy; below, it
+        is an idle step at the occupancy's (0.9 - w) / (1 - w) quantile."""
+        m = np.maximum(n * speed.ranks, 1e-9)
+        w = np.minimum(table.share_at(n) * (1 + 1 / m), 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q_busy = np.clip((w - 0.1) / w, 0.0, 1.0)
+            q_idle = np.clip((0.9 - w) / (1 - w), 0.0, 0.999)
+        chunk = np.minimum(self.demand.uncached_quantile(df["cache_per_agent_tokens"].to_numpy(),
+                                                         q_busy), speed.free(n90))
+        n_idle = np.clip(occupancy_quantile(m, q_idle) / speed.ranks, n, speed.max_per_rank)
+        return np.where(w > 0.1, table.busy_at(n90, chunk), table.idle_at(n_idle))
+
     def _predict(self, df: pd.DataFrame, n: np.ndarray, p: dict[str, np.ndarray],
                  saturated: np.ndarray) -> pd.DataFrame:
         d, slo, pr = self.demand, self.plan.slo, self.cfg.pricing
@@ -368,12 +399,9 @@ class Screen:
                                     / df["decode_ranks"].to_numpy(),
                                     df["decode_max_per_rank"].to_numpy()), n)
         t90 = self._step_ms(df, n90)
-        # colocated: when more than a tenth of the steps carry prefill, the P90 gap is a busy
-        # step's
-        for index, _, table in self._colocated_groups(df):
+        for index, speed, table in self._colocated_groups(df):
             rows = df.index.get_indexer(index)
-            busy = table.share_at(n[rows]) > 0.1
-            t90[rows] = np.where(busy, table.busy_at(n90[rows]), t90[rows])
+            t90[rows] = self._colocated_p90_ms(df.loc[index], n[rows], n90[rows], speed, table)
         out = df.copy()
         lam = p["lam"]
         gpus_rack = df["gpus_per_rack_used"].to_numpy()

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from plan_support import SMALL, compose_plan
+from scipy.stats import poisson
 
 from rackSim.plan.demand import profile_demand
 from rackSim.plan.inputs import load_hardware
@@ -95,6 +96,21 @@ def test_demand_profile_by_hand():
     assert big < no_cache
 
 
+def test_demand_keeps_the_uncached_tokens_distribution():
+    d = profile_demand([_session()], accepted_tokens_per_step=3.25, lanes=1)
+    # no cache: every prompt is computed whole (1000, 1300, 800, 1450 tokens)
+    assert d.uncached_quantile(0.0, [0.0, 0.5, 1.0]) == pytest.approx([800, 1150, 1450])
+    assert d.uncached_quantile(0.0, 0.9) == pytest.approx(np.quantile([1000, 1300, 800, 1450],
+                                                                       0.9))
+    for cache in (0.0, 5e3, 1e9):
+        q = d.uncached_quantile(cache, np.linspace(0, 1, 41))
+        assert np.all(np.diff(q) >= 0)
+        assert d.uncached(cache)[2] == pytest.approx(float(d.uncached_quantile(cache, 0.9)))
+    # per row: capacities and levels broadcast together
+    assert d.uncached_quantile([0.0, 1e9], 1.0) == pytest.approx(
+        [1450, float(d.uncached_quantile(1e9, 1.0))])
+
+
 def test_rack_layouts_by_hand():
     space = Space(families=["disaggregated"], prefill_gpus_per_instance=[2],
                   prefill_instances_max=4, decode_gpus=[4, 8])
@@ -167,6 +183,29 @@ def hand_point(r: pd.Series, screen: Screen) -> tuple[float, float, float]:
     return lam, wait + own + lead, t_ms / speed.accepted / 1e3
 
 
+def colocated_p90_step(r: pd.Series, screen: Screen, n: float | None = None) -> float:
+    """The P90 step (ms) of a colocated row by hand, at its occupancy or at `n` requests a
+    rank: w = share x (1 + 1 / m) of the tokens come from steps carrying prefill (m the
+    instance's mean occupancy); above a tenth, the busy step whose chunk is the
+    (w - 0.1) / w quantile of uncached tokens, at the P90 occupancy; else the idle step at
+    the occupancy's (0.9 - w) / (1 - w) quantile."""
+    d = screen.demand
+    speed = screen.serving_speed(r["hardware"], "colocated", r["colocated_gpus"],
+                                 r["colocated_dbo"])
+    table = speed.table(d.prompt_mean, r["uncached_mean"])
+    n = r["decode_per_rank"] if n is None else n
+    m = n * speed.ranks
+    top = r["decode_max_per_rank"]
+    n90 = max(min(poisson.ppf(0.9, m) / speed.ranks, top), n)
+    w = min(float(table.share_at(n)) * (1 + 1 / m), 1.0)
+    if w > 0.1:
+        u = float(d.uncached_quantile(r["cache_per_agent_tokens"], (w - 0.1) / w))
+        chunk = min(u, speed.budget - n90 * (1 + speed.draft_tokens))
+        return float(table.busy_at(n90, np.array(chunk)))
+    n_idle = max(min(poisson.ppf((0.9 - w) / (1 - w), m) / speed.ranks, top), n)
+    return float(table.idle_at(n_idle))
+
+
 def test_every_candidate_sits_where_its_formulas_balance(screened):
     df, screen = screened
     d = screen.demand
@@ -200,8 +239,7 @@ def test_every_candidate_sits_where_its_formulas_balance(screened):
 
 def test_colocated_candidates_sit_where_their_formulas_balance(screened):
     """Little at the colocated instance, its prefill load against the room its decode leaves,
-    the closed loop over the agents, and P90 interactivity at a busy step when more than a
-    tenth of the steps carry prefill."""
+    the closed loop over the agents, and P90 interactivity at the tokens' P90 step."""
     df, screen = screened
     d = screen.demand
     col = df[df["family"] == "colocated"]
@@ -223,13 +261,35 @@ def test_colocated_candidates_sit_where_their_formulas_balance(screened):
         _, ttft, tpot = hand_point(r, screen)
         assert lam / d.requests_per_session * d.session_s(ttft, tpot) == pytest.approx(
             40 / r["racks"], rel=1e-6)
-        n90 = max(min(occupancy_quantile(np.array([n * speed.ranks]), 0.9)[0] / speed.ranks,
-                      r["decode_max_per_rank"]), n)
-        step90 = table.busy_at(n90) if table.share_at(n) > 0.1 else table.step_at(n90)
-        assert r["interactivity_tok_s"] == pytest.approx(3.25 / step90 * 1e3, rel=1e-9)
+        assert r["interactivity_tok_s"] == pytest.approx(
+            3.25 / colocated_p90_step(r, screen) * 1e3, rel=1e-9)
         # the mixed steps are longer than the same decode without prefill
         dec = screen.serving_speed(r["hardware"], "disaggregated", r["colocated_gpus"], False)
         assert table.busy_at(n) > dec.step_at(n)
+
+
+def test_colocated_p90_step_follows_the_tokens_share_of_busy_steps(screened):
+    """Over the occupancy, a colocated instance's P90 step never shortens: idle steps (longer
+    with more requests) while steps carrying prefill emit under a tenth of the tokens, then
+    busy steps with larger chunks as they emit more; the jump between them is the floor a
+    prompt's chunk adds to a step. Each point as the hand formula has it."""
+    df, screen = screened
+    d = screen.demand
+    r = df[(df["family"] == "colocated") & (df["layout"] == "C1xDEP8")].iloc[0]
+    speed = screen.serving_speed(r["hardware"], "colocated", 8, False)
+    table = speed.table(d.prompt_mean, r["uncached_mean"])
+    n = np.linspace(0.05, r["decode_max_per_rank"], 200)
+    rows = pd.DataFrame([r] * len(n))
+    n90 = np.clip(occupancy_quantile(n * speed.ranks, 0.9) / speed.ranks, n,
+                  r["decode_max_per_rank"])
+    got = screen._colocated_p90_ms(rows, n, n90, speed, table)
+    assert np.all(np.diff(got) >= -1e-9)
+    w = table.share_at(n) * (1 + 1 / (n * speed.ranks))
+    idle, busy = w <= 0.1, w > 0.1
+    assert idle.any() and busy.any()
+    assert got[idle].max() < table.busy_at(n[busy][0], np.array(1.0))
+    for i in np.linspace(0, len(n) - 1, 12).astype(int):
+        assert got[i] == pytest.approx(colocated_p90_step(r, screen, n[i]), rel=1e-9)
 
 
 def test_more_racks_never_serve_a_rack_worse(screened):
