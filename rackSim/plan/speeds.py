@@ -185,8 +185,8 @@ class ColocatedTable:
     chunk of `chunk[i]` tokens (the mean request's, at most the free budget), `small_ms[i]`
     one whose chunk is a single token; `busy_share[i]` the share of steps that carry prefill.
     The step is close to affine in the chunk between the two (the DeepSeek-V4.1 GB200 DEP8
-    step at 1.25 requests a rank and 41K-token prompts: 13.9 ms at 1 token, 34.4 at 1,000,
-    59.1 at 2,288, 169 at 8,000)."""
+    step at 1.25 requests a rank and 41K-token prompts, a request of that many uncached
+    tokens: 14.2 ms at 1, 34.7 at 1,000, 59.1 at 2,288, 166 at 8,000; idle 7.1)."""
 
     per_rank: np.ndarray
     idle_ms: np.ndarray

@@ -278,6 +278,11 @@ def test_colocated_p90_step_follows_the_tokens_share_of_busy_steps(screened):
     r = df[(df["family"] == "colocated") & (df["layout"] == "C1xDEP8")].iloc[0]
     speed = screen.serving_speed(r["hardware"], "colocated", 8, False)
     table = speed.table(d.prompt_mean, r["uncached_mean"])
+    # a chunk's step is affine between a one-token request's and the mean request's
+    at = table.per_rank
+    assert table.busy_at(at, table.chunk) == pytest.approx(table.busy_ms, rel=1e-12)
+    assert table.busy_at(at, np.ones(len(at))) == pytest.approx(table.small_ms, rel=1e-12)
+    assert np.all(table.small_ms > table.idle_ms)
     n = np.linspace(0.05, r["decode_max_per_rank"], 200)
     rows = pd.DataFrame([r] * len(n))
     n90 = np.clip(occupancy_quantile(n * speed.ranks, 0.9) / speed.ranks, n,
