@@ -178,6 +178,30 @@ class PrefillSpeed:
                                 self._push_latency_ms)
 
 
+def busy_share(chunks_per_step: float, idle_ms: float, busy_ms: float) -> float:
+    """The share p of a colocated instance's steps that carry prefill, when `chunks_per_step`
+    prompt chunks arrive per step on average (Little over the decode steps: fixed whatever
+    the steps last) and arrive in time, during a step, for the next one.
+
+    Arrivals come at Lambda = x / T per ms (x chunks per step, T = p b + (1 - p) i the mean
+    step), so a step follows a busy one with prefill with probability A = 1 - exp(-Lambda b)
+    and an idle one with B = 1 - exp(-Lambda i); the chain's stationary share p = B / (1 - A
+    + B) (solved for p by bisection: the right side falls as p rises). Steps of one length
+    give 1 - exp(-x), the steps' count independent; a busy step ~8x an idle one (a colocated
+    instance's long prompts) makes busy steps follow busy steps and carry several arrivals,
+    so fewer steps are busy (GB200 DEP8, x = 0.096: 0.085 where independence says 0.091;
+    the simulation, 0.082)."""
+    if chunks_per_step <= 0:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        p = (lo + hi) / 2
+        rate = chunks_per_step / (p * busy_ms + (1 - p) * idle_ms)
+        a, b = -math.expm1(-rate * busy_ms), -math.expm1(-rate * idle_ms)
+        lo, hi = (p, hi) if b / (1 - a + b) > p else (lo, p)
+    return (lo + hi) / 2
+
+
 @dataclass(frozen=True)
 class ColocatedTable:
     """A colocated instance's steps at one prefill load, at `per_rank[i]` decode requests per
@@ -227,9 +251,10 @@ class ColocatedSpeed:
     At n decoding requests per rank, prefill arrives at p = n E[u] / decode_steps tokens per
     rank per step (each request brings E[u] uncached tokens once). A rank computes prompts in
     chunks of at most `free(n) = budget - n (1 + draft tokens)` tokens, so a rank with prefill
-    work puts a chunk of c = min(E[u], free) into a step and a share s = p / c of its steps
-    carry one; a step carries prefill when any rank's does (1 - (1 - s)^ranks), and then its
-    busiest rank's chunk sets the per-rank parts (`StepModel.mixed_step`). The decode
+    work puts a chunk of c = min(E[u], free) into a step, s = p / c chunks per rank per step;
+    a step carries prefill when any rank's does, a share `busy_share` of ranks x s chunks a
+    step (busy steps last longer, so more arrive during them), and then its busiest rank's
+    chunk sets the per-rank parts (`StepModel.mixed_step`). The decode
     requests per rank are drawn as a decode instance's (`RankLoads`). Steps are tabulated
     idle, with the mean request's chunk and with a one-token request's (`ColocatedTable`)."""
 
@@ -299,8 +324,9 @@ class ColocatedSpeed:
                                          step, k)
                 small[j] += self._step_ms(n, 1, 1, 1, prompt, 1.0, step, k)
                 idle[j] += self._step_ms(n, 0, 0, 0, prompt, u, step, k)
-            chunks[j], share[j] = chunk, any_busy
+            chunks[j], share[j] = chunk, self.ranks * s
         idle, busy, small = (x / DECODE_TABLE_PASSES for x in (idle, busy, small))
+        share = np.array([busy_share(x, i, b) for x, i, b in zip(share, idle, busy, strict=True)])
         got = self._tables[key] = ColocatedTable(grid.astype(float), idle, busy, small, chunks,
                                                  share)
         return got

@@ -19,7 +19,7 @@ from rackSim.plan.layout import rack_layouts
 from rackSim.plan.queueing import mg1_wait_s, occupancy_quantile, wait_quantile_s
 from rackSim.plan.screen import Screen
 from rackSim.plan.spec import HardwareOption, Space
-from rackSim.plan.speeds import RankLoads, decode_speed
+from rackSim.plan.speeds import RankLoads, busy_share, decode_speed
 from rackSim.workload.graph import RequestSpec, SessionGraph
 from rackSim.workload.sources import load_sessions
 
@@ -266,6 +266,20 @@ def test_colocated_candidates_sit_where_their_formulas_balance(screened):
         # the mixed steps are longer than the same decode without prefill
         dec = screen.serving_speed(r["hardware"], "disaggregated", r["colocated_gpus"], False)
         assert table.busy_at(n) > dec.step_at(n)
+
+
+@settings(max_examples=60, deadline=None)
+@given(x=st.floats(1e-4, 5.0), idle=st.floats(1.0, 50.0), ratio=st.floats(1.0, 40.0))
+def test_busy_share_is_the_chains_stationary_share(x, idle, ratio):
+    """Steps of one length: 1 - exp(-x) (arrivals per step Poisson); a longer busy step: its
+    share solves p = B / (1 - A + B) at x / (mean step) arrivals per ms, and is no larger."""
+    busy = idle * ratio
+    p = busy_share(x, idle, busy)
+    rate = x / (p * busy + (1 - p) * idle)
+    a, b = -math.expm1(-rate * busy), -math.expm1(-rate * idle)
+    assert p == pytest.approx(b / (1 - a + b), rel=1e-9, abs=1e-12)
+    assert p <= -math.expm1(-x) * (1 + 1e-9)
+    assert busy_share(x, idle, idle) == pytest.approx(-math.expm1(-x), rel=1e-9)
 
 
 def test_colocated_p90_step_follows_the_tokens_share_of_busy_steps(screened):
