@@ -1,6 +1,6 @@
-"""Helpers of the engine, fleet and colocated invariant tests: a small synthetic workload,
-a model served with DeepEP kernels, the hypothesis depth, one simulation run, and the checks
-that two runs agree."""
+"""Helpers of the engine, fleet and colocated tests: small synthetic workloads, a colocated
+instance's settings, a model served with DeepEP kernels, the hypothesis depth, simulation runs,
+and the checks that two runs agree."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import functools
 
 from hypothesis import settings
 
-from rackSim.config import compose_scenario
+from rackSim.config import compose_scenario, with_changes
 from rackSim.engine.simulation import Simulation
 from rackSim.workload.sources import load_sessions
 
@@ -18,6 +18,29 @@ SMALL_SYNTHETIC = {"turns_mean": 4, "first_prompt_tokens_mean": 3000,
                    "new_tokens_per_turn_mean": 500, "output_tokens_mean": 40,
                    "tool_delay_s_mean": 0.5, "subagent_prob": 0.5, "subagent_fanout_max": 3,
                    "subagent_turns_mean": 2, "max_context_tokens": 131072}
+
+
+#: Short sessions (six turns, 0.2-s tool calls): many start within a minute (routing tests).
+SHORT_SESSIONS = {"turns_mean": 6, "first_prompt_tokens_mean": 6000,
+                  "new_tokens_per_turn_mean": 800, "output_tokens_mean": 60,
+                  "tool_delay_s_mean": 0.2, "subagent_prob": 0.2, "subagent_fanout_max": 3,
+                  "subagent_turns_mean": 2, "max_context_tokens": 131072}
+
+#: A colocated instance's settings (`deployment.colocated`): one DEP4 instance.
+COLOCATED = {"instances": 1, "gpus": 4, "parallelism": "DEP", "max_num_batched_tokens": 4096,
+             "max_num_seqs_per_rank": 8,
+             "speculative": {"num_draft_tokens": 3, "accepted_tokens_per_step": 3.25}}
+
+
+def run_short_sessions(base, concurrency=24, primer=True, window_s=20.0, **deployment):
+    """The request records (primers left out) of `base` with `deployment` changes, replaying
+    12 `SHORT_SESSIONS` on `concurrency` lanes with no warm-up requests."""
+    cfg = with_changes(base, deployment=deployment, workload={
+        "num_sessions": 12, "source": "synthetic", "synthetic": SHORT_SESSIONS,
+        "replay": {"concurrency": concurrency, "warmup_requests_per_lane": 0, "primer": primer,
+                   "window_s": window_s, "drain_s": 600.0}})
+    sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
+    return [r for r in sim.run(progress=False).requests if r.phase != "primer"]
 
 
 @functools.cache

@@ -13,7 +13,14 @@ import math
 from dataclasses import replace
 
 import pytest
-from fleet_support import DEEP, SMALL_SYNTHETIC, assert_same_run_twice, moe_scenario, run_sim
+from fleet_support import (
+    COLOCATED,
+    DEEP,
+    SMALL_SYNTHETIC,
+    assert_same_run_twice,
+    moe_scenario,
+    run_sim,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,10 +29,6 @@ from rackSim.metrics.summary import FleetLayout, summarize
 from rackSim.perf import build_step_model
 from rackSim.perf.step import DecodeBatch, PrefillBatch
 from rackSim.run import decode_width, layout_name, simulate
-
-COLOCATED = {"instances": 1, "gpus": 4, "parallelism": "DEP", "max_num_batched_tokens": 4096,
-             "max_num_seqs_per_rank": 8,
-             "speculative": {"num_draft_tokens": 3, "accepted_tokens_per_step": 3.25}}
 
 fleets = st.fixed_dictionaries({
     "racks": st.integers(1, 2),

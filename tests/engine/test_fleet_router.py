@@ -5,24 +5,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 import pytest
-
-from rackSim.config import with_changes
-from rackSim.engine.simulation import Simulation
-from rackSim.workload.sources import load_sessions
-
-SMALL_SYNTHETIC = {"turns_mean": 6, "first_prompt_tokens_mean": 6000,
-                   "new_tokens_per_turn_mean": 800, "output_tokens_mean": 60,
-                   "tool_delay_s_mean": 0.2, "subagent_prob": 0.2, "subagent_fanout_max": 3,
-                   "subagent_turns_mean": 2, "max_context_tokens": 131072}
-
-
-def _run(base, concurrency=24, primer=True, window_s=20.0, **deployment):
-    cfg = with_changes(base, deployment=deployment, workload={
-        "num_sessions": 12, "source": "synthetic", "synthetic": SMALL_SYNTHETIC,
-        "replay": {"concurrency": concurrency, "warmup_requests_per_lane": 0, "primer": primer,
-                   "window_s": window_s, "drain_s": 600.0}})
-    sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
-    return [r for r in sim.run(progress=False).requests if r.phase != "primer"]
+from fleet_support import run_short_sessions
 
 
 def _racks_per_session(recs):
@@ -33,13 +16,13 @@ def _racks_per_session(recs):
 
 
 def test_one_rack_has_nothing_to_choose(smoke_cfg):
-    recs = _run(smoke_cfg, concurrency=4)
+    recs = run_short_sessions(smoke_cfg, concurrency=4)
     assert {r.route for r in recs} == {"single_rack"}
     assert {(r.prefill_rack, r.decode_rack, r.decode_instance) for r in recs} == {(0, 0, 0)}
 
 
 def test_session_affinity_keeps_every_session_in_one_rack(smoke_cfg):
-    recs = _run(smoke_cfg, racks=3, fleet_router={"policy": "session_affinity"})
+    recs = run_short_sessions(smoke_cfg, racks=3, fleet_router={"policy": "session_affinity"})
     assert set(_racks_per_session(recs)) == {1}
     assert {r.route for r in recs} <= {"affinity", "new_session"}
     assert {r.prefill_rack for r in recs} == {0, 1, 2}  # the primer spread lanes over racks
@@ -50,7 +33,7 @@ def test_at_light_load_new_sessions_spread_over_the_racks(smoke_cfg):
     work ties; the decode occupancy breaks the tie. (Ties to the first rack put 689 / 377 /
     75 requests on the three racks; with the occupancy 489 / 395 / 286, and over seeds 0-2
     the busiest rack has at most 1.9x the requests of the idlest: sessions differ in length.)"""
-    recs = _run(smoke_cfg, concurrency=6, window_s=60.0, racks=3,
+    recs = run_short_sessions(smoke_cfg, concurrency=6, window_s=60.0, racks=3,
                 fleet_router={"policy": "session_affinity"})
     per_rack = Counter(r.prefill_rack for r in recs)
     assert set(per_rack) == {0, 1, 2}
@@ -60,7 +43,7 @@ def test_at_light_load_new_sessions_spread_over_the_racks(smoke_cfg):
 
 
 def test_a_saturated_rack_spills_sessions_to_another(smoke_cfg):
-    recs = _run(smoke_cfg, concurrency=48, racks=2,
+    recs = run_short_sessions(smoke_cfg, concurrency=48, racks=2,
                 fleet_router={"policy": "session_affinity", "spill_tokens_per_gpu": 2000.0})
     routes = Counter(r.route for r in recs)
     assert routes["spill"] > 0
@@ -72,7 +55,7 @@ def test_a_saturated_rack_spills_sessions_to_another(smoke_cfg):
 
 
 def test_round_robin_alternates_racks(smoke_cfg):
-    recs = sorted(_run(smoke_cfg, racks=3, fleet_router={"policy": "round_robin"}),
+    recs = sorted(run_short_sessions(smoke_cfg, racks=3, fleet_router={"policy": "round_robin"}),
                   key=lambda r: r.send_s)
     counts = Counter(r.prefill_rack for r in recs)
     assert max(counts.values()) - min(counts.values()) <= 1
@@ -82,15 +65,15 @@ def test_round_robin_alternates_racks(smoke_cfg):
 @pytest.mark.parametrize("policy", ["least_work", "session_affinity"])
 def test_new_sessions_start_only_in_entry_groups(smoke_cfg, policy):
     groups = [{"name": "main", "racks": 2}, {"name": "burst", "racks": 1}]
-    recs = _run(smoke_cfg, primer=False, racks=None, groups=groups,
+    recs = run_short_sessions(smoke_cfg, primer=False, racks=None, groups=groups,
                 fleet_router={"policy": policy, "entry_groups": ["main"]})
     assert {r.prefill_rack for r in recs} == {0, 1}
 
 
 def test_decode_spills_to_another_rack_only_when_allowed(smoke_cfg):
     tight = {"max_num_seqs_per_rank": 1}
-    on = _run(smoke_cfg, racks=2, decode=tight, fleet_router={"decode_spill": True})
-    off = _run(smoke_cfg, racks=2, decode=tight, fleet_router={"decode_spill": False})
+    on = run_short_sessions(smoke_cfg, racks=2, decode=tight, fleet_router={"decode_spill": True})
+    off = run_short_sessions(smoke_cfg, racks=2, decode=tight, fleet_router={"decode_spill": False})
     remote = [r for r in on if r.decode_rack != r.prefill_rack]
     assert remote and all(r.route.endswith("+decode_remote") for r in remote)
     assert all(r.decode_rack == r.prefill_rack for r in off)

@@ -6,11 +6,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 import pytest
+from fleet_support import COLOCATED, run_short_sessions
 
-from rackSim.config import with_changes
 from rackSim.engine.router import Router
-from rackSim.engine.simulation import Simulation
-from rackSim.workload.sources import load_sessions
 
 
 @dataclass(eq=False)
@@ -49,45 +47,30 @@ def test_ties_go_to_the_instance_sent_the_fewest_requests(policy):
 def test_least_work_still_prefers_less_work_over_fewer_requests():
     insts = [_Instance(0, queued_tokens=0, uncached=500), _Instance(1, queued_tokens=0)]
     router = Router("prefix_affinity", insts)
-    router.sent[insts[1]] = 0
     router.sent[insts[0]] = 10
     assert router.route(_Job(_Session(1))) == (insts[0], 500)  # 500 < 1000: work wins
     insts[0].uncached = 1000
     assert router.route(_Job(_Session(2))) == (insts[1], 1000)  # a tie: fewer requests
 
 
-#: Short sessions (six turns, 0.2-s tool calls), so that many start within a minute.
-SHORT = {"turns_mean": 6, "first_prompt_tokens_mean": 6000, "new_tokens_per_turn_mean": 800,
-         "output_tokens_mean": 60, "tool_delay_s_mean": 0.2, "subagent_prob": 0.2,
-         "subagent_fanout_max": 3, "subagent_turns_mean": 2, "max_context_tokens": 131072}
+def _light(base, deployment):
+    """Two lanes per instance of the three in `deployment`, a minute of short sessions."""
+    return run_short_sessions(base, concurrency=6, window_s=60.0, **deployment)
 
 
-def _light(base, deployment, lanes=6, window_s=60.0):
-    cfg = with_changes(base, deployment=deployment, workload={
-        "num_sessions": 12, "source": "synthetic", "synthetic": SHORT,
-        "replay": {"concurrency": lanes, "warmup_requests_per_lane": 0, "window_s": window_s,
-                   "drain_s": 600.0}})
-    sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
-    return [r for r in sim.run(progress=False).requests if r.phase != "primer"]
-
-
-COLOCATED = {"prefill": {"instances": 0}, "decode": {"instances": 0}, "router":
-             "session_affinity", "colocated": {"instances": 3, "gpus": 4, "parallelism": "DEP",
-                                               "max_num_batched_tokens": 8192,
-                                               "max_num_seqs_per_rank": 64,
-                                               "speculative": {"num_draft_tokens": 3,
-                                                               "accepted_tokens_per_step": 3.25}}}
+THREE_COLOCATED = {"prefill": {"instances": 0}, "decode": {"instances": 0},
+                   "router": "session_affinity", "colocated": dict(COLOCATED, instances=3)}
 
 
 @pytest.mark.parametrize("deployment", [
     {"prefill": {"instances": 3}, "router": "session_affinity"},
     {"prefill": {"instances": 3}, "router": "prefix_affinity"},
-    COLOCATED], ids=["prefill-session", "prefill-prefix", "colocated"])
+    THREE_COLOCATED], ids=["prefill-session", "prefill-prefix", "colocated"])
 def test_at_light_load_sessions_spread_over_the_instances(smoke_cfg, deployment):
     """Two lanes per instance of short sessions: every queue is empty when a session starts.
     (Ties to the lowest index put 103 / 50 / 16 of the sessions on the prefill instances
-    under session affinity, 104 / 50 / 15 under least work, 121 / 20 / 2 on the colocated
-    instances; now 50-64 each.)"""
+    under session affinity, 104 / 50 / 15 under least work, 116 / 25 / 3 on the colocated
+    instances; now 52-64 each.)"""
     recs = _light(smoke_cfg, deployment)
     firsts = {}
     for r in sorted(recs, key=lambda r: r.send_s):
