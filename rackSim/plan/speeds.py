@@ -310,11 +310,12 @@ class ColocatedSpeed:
         u = max(uncached, 1.0)
         top = max(int(self.max_per_rank), 1)
         grid = occupancy_grid(top)
-        idle, busy, small, chunks, share = (np.zeros(len(grid)) for _ in range(5))
+        idle, busy, small, chunks, arrivals = (np.zeros(len(grid)) for _ in range(5))
         step = 0
         for j, n in enumerate(grid.astype(float)):
             chunk = float(min(u, self.free(n)))
             s = min(n * u / self.decode_steps / chunk, 1.0)
+            # the prefill tokens a busy step carries: ranks with a chunk, counted independently
             any_busy = 1.0 - (1.0 - s) ** self.ranks
             tokens = max(self.ranks * s * chunk / any_busy, chunk) if any_busy > 0 else 0.0
             requests = max(1, round(tokens / chunk)) if tokens else 0
@@ -324,9 +325,10 @@ class ColocatedSpeed:
                                          step, k)
                 small[j] += self._step_ms(n, 1, 1, 1, prompt, 1.0, step, k)
                 idle[j] += self._step_ms(n, 0, 0, 0, prompt, u, step, k)
-            chunks[j], share[j] = chunk, self.ranks * s
+            chunks[j], arrivals[j] = chunk, self.ranks * s
         idle, busy, small = (x / DECODE_TABLE_PASSES for x in (idle, busy, small))
-        share = np.array([busy_share(x, i, b) for x, i, b in zip(share, idle, busy, strict=True)])
+        share = np.array([busy_share(x, i, b) for x, i, b in zip(arrivals, idle, busy,
+                                                                  strict=True)])
         got = self._tables[key] = ColocatedTable(grid.astype(float), idle, busy, small, chunks,
                                                  share)
         return got
