@@ -167,7 +167,7 @@ def write_workload(best: LayoutFit, base_spec: dict[str, Any], path: Path, stamp
     conc = int(round(best.params["concurrency"]))
     lines += ["replay:",
               f"  concurrency: {conc}  # {mark} (live agent clients; not public)",
-              "  primer: true", "  warmup_requests_per_lane: 10   # AgentX",
+              "  start: steady", "  primer: true", "  warmup_requests_per_lane: 10   # AgentX",
               "  window_s: 3600                 # AgentX: one-hour window", "  drain_s: 0", ""]
     path.write_text("\n".join(lines))
 

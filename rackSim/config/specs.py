@@ -543,6 +543,10 @@ class ReplaySpec(StrictModel):
     window; `concurrency`, `primer` and `warmup_requests_per_lane` do not apply."""
 
     concurrency: PositiveInt = Field(description="live agent clients (closed loop)")
+    start: Literal["steady", "fresh"] = Field(default="steady", description=(
+        "steady: each lane starts where a long-running lane would be at a random instant "
+        "(rackSim.workload.replay); fresh: every lane starts a session at its first turn at "
+        "t = 0, a batch of agents launched together"))
     primer: bool = True
     warmup_requests_per_lane: int = Field(default=10, ge=0)
     window_s: PositiveFloat = Field(description="measurement window (simulated seconds)")

@@ -97,6 +97,19 @@ class SessionGraph:
                 heads.append(r.rid)
         return tuple(heads)
 
+    def nominal_times(self, ttft_s: float, tpot_s: float, start_s: float = 0.0
+                      ) -> tuple[list[float], list[float]]:
+        """(send, finish) times of each request (s) if the session starts at `start_s` and
+        every request takes `ttft_s` plus `tpot_s` per output token (no server: statistics
+        and the replay's start points)."""
+        send: list[float] = []
+        finish: list[float] = []
+        for r in self.requests:
+            s = max((finish[a] for a in r.after), default=start_s) + r.delay_s
+            send.append(s)
+            finish.append(s + ttft_s + r.output_tokens * tpot_s)
+        return send, finish
+
     @cached_property
     def path_cache(self) -> tuple[dict[int, PromptPath], dict[int, PromptPath]]:
         """(prompt, context) paths per rid with node keys relative to the replay's key base;

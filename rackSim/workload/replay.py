@@ -2,16 +2,29 @@
 
 `concurrency` lanes are live agent clients. Each lane replays one session at a time (its
 subagent branches run concurrently, so in-flight requests may exceed the concurrency) and
-starts the next session when one finishes. A lane's first session starts at a random turn of
-its main chain, so the lanes are not in lock-step; a *primer* first sends that turn's parent
-prompt (one output token) to make the active prefix resident. Then each lane's first
+starts the next session when one finishes. A lane's first session starts where a lane of a
+long-running replay would be at a random instant, so that a window opened soon after the start
+already sees the steady state's mix: the pool's sessions are laid end to end in nominal time
+(each request 1 s to its first token and 5 ms per output token, the tool and think delays as
+written), lane i draws a uniform point in the i-th of `concurrency` equal slices of that line,
+and starts the session it falls in at the main-chain turn in progress there. A long session is
+in progress at a random instant more often than a short one, and at a late turn as often as
+at an early one; starting every lane at session 0, or at a uniform turn of a uniformly chosen
+session, over-weights short sessions and early turns (short prompts) until the first
+sessions have run out, a session's length or more (`start: fresh` starts every lane at its
+session's first turn at once instead: a batch of agents launched together). A *primer* first
+sends the starting turn's parent prompt (one output token) to make the active prefix
+resident. Then each lane's first
 `warmup_requests_per_lane` requests warm up; the measurement window opens when every lane has
 finished its warm-up and lasts `window_s`.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
+from functools import cached_property
+from itertools import accumulate
 
 import numpy as np
 
@@ -19,6 +32,8 @@ from rackSim.config.specs import ReplaySpec
 from rackSim.workload.graph import RequestSpec, SessionGraph, SessionInstance
 
 PRIMER, WARMUP, WINDOW, DRAIN = "primer", "warmup", "window", "drain"
+#: Nominal latencies that lay a pool's sessions out in time for the lanes' start points (s).
+START_TTFT_S, START_TPOT_S = 1.0, 0.005
 _LANE_SHIFT, _SESSION_SHIFT = 40, 20  # node key = lane << 40 | k << 20 | rid  (< 2**60)
 
 
@@ -114,6 +129,7 @@ class ClosedLoopReplay(_Phases):
             raise ValueError("workload: no sessions to replay")
         self.sessions, self.spec, self.seed = sessions, spec, seed
         self._count = [0] * spec.concurrency      # sessions started per lane
+        self._first = [0] * spec.concurrency      # pool index of each lane's first session
         self._sent = [0] * spec.concurrency       # real requests sent per lane
         self._warm_left = spec.concurrency
         self._warm = [False] * spec.concurrency
@@ -127,18 +143,48 @@ class ClosedLoopReplay(_Phases):
         return self.spec.concurrency
 
     def _instance(self, lane: int) -> SessionInstance:
+        """The lane's next session: the pool in order from its first one, so that over a
+        long replay every lane runs every session once per pass (lanes are never pinned to a
+        few sessions, which would weight short ones by how often they repeat)."""
         k = self._count[lane]
         self._count[lane] += 1
-        graph = self.sessions[(lane + k * self.lanes) % len(self.sessions)]
+        graph = self.sessions[(self._first[lane] + k) % len(self.sessions)]
         return SessionInstance(graph, key_base=(lane << _LANE_SHIFT) | (k << _SESSION_SHIFT),
                                lane=lane)
 
-    def first(self, lane: int) -> LaneStart:
-        """The lane's first session, started at a random main-chain turn."""
-        inst = self._instance(lane)
-        main = [r.rid for r in inst.graph.requests if r.agent == 0]
+    @cached_property
+    def _pool_line(self) -> tuple[list[float], list[tuple[list[float], list[int]]]]:
+        """The pool's sessions end to end in nominal time: (cumulative end of each session,
+        per session the nominal send times and rids of its main-chain requests, in send
+        order; all its requests if it has no main agent) (s)."""
+        ends, mains = [], []
+        for g in self.sessions:
+            send, finish = g.nominal_times(START_TTFT_S, START_TPOT_S)
+            ends.append(max(finish, default=0.0))
+            timed = list(zip(send, (r.rid for r in g.requests), strict=True))
+            main = sorted(t for t, r in zip(timed, g.requests, strict=True) if r.agent == 0)
+            mains.append(([s for s, _ in main or timed], [rid for _, rid in main or timed]))
+        return list(accumulate(ends)), mains
+
+    def start_point(self, lane: int) -> tuple[int, int]:
+        """(session index in the pool, main-chain rid) where `lane` starts: a uniform point
+        in its slice of the pool's nominal time line (module docstring)."""
+        ends, mains = self._pool_line
         rng = np.random.default_rng([self.seed, lane, 7])
-        start = int(main[int(rng.integers(len(main)))])
+        x = (lane + float(rng.random())) / self.lanes * ends[-1]
+        j = min(bisect_right(ends, x), len(ends) - 1)
+        sends, rids = mains[j]
+        at = x - (ends[j - 1] if j else 0.0)
+        return j, rids[max(bisect_right(sends, at) - 1, 0)]
+
+    def first(self, lane: int) -> LaneStart:
+        """The lane's first session and turn (`start_point`, or the pool's session `lane`
+        from its first turn when the replay starts `fresh`), with its primer."""
+        if self.spec.start == "fresh":
+            self._first[lane] = lane % len(self.sessions)
+            return LaneStart(self._instance(lane), 0, None)
+        self._first[lane], start = self.start_point(lane)
+        inst = self._instance(lane)
         parent = inst.graph.requests[start].parent
         primer = None
         if self.spec.primer and parent is not None:

@@ -57,11 +57,9 @@ def timeline(graphs: Sequence[SessionGraph], timing: NominalTiming = NominalTimi
             start = heapq.heappop(lanes)
         else:
             start = 0.0
-        finish: list[float] = []
-        for r in g.requests:
-            send = max((finish[a] for a in r.after), default=start) + r.delay_s
-            finish.append(send + timing.ttft_s + r.output_tokens * timing.tpot_s)
-            for k, v in zip(cols, (j, r.rid, r.agent, send, finish[-1], r.prompt_tokens,
+        send, finish = g.nominal_times(timing.ttft_s, timing.tpot_s, start)
+        for r, s, f in zip(g.requests, send, finish, strict=True):
+            for k, v in zip(cols, (j, r.rid, r.agent, s, f, r.prompt_tokens,
                                    r.new_tokens, r.prefix_tokens, r.output_tokens), strict=True):
                 cols[k].append(v)
         if g.start_s is None and lanes is not None:

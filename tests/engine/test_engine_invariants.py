@@ -44,6 +44,7 @@ scenarios = st.fixed_dictionaries({
     "accepted": st.sampled_from([1.0, 2.5, 3.25, 4.0]),
     "warmup": st.integers(0, 2),
     "primer": st.booleans(),
+    "start": st.sampled_from(["steady", "fresh"]),
     "seed": st.integers(0, 2**16),
     "source": st.sampled_from(["synthetic", "agentx", "jsonl"]),
     "host_offload": st.booleans(),
@@ -53,7 +54,8 @@ def _cfg(base, p, pool_dir: Path | None = None):
     source = p["source"]
     workload = {"num_sessions": p["sessions"], "source": source, "synthetic": SMALL_SYNTHETIC,
                 "replay": {"concurrency": p["concurrency"], "warmup_requests_per_lane":
-                           p["warmup"], "primer": p["primer"], "window_s": 5.0,
+                           p["warmup"], "primer": p["primer"],
+                           "start": p.get("start", "steady"), "window_s": 5.0,
                            "drain_s": 600.0}}
     if source == "jsonl":  # a pool written from generated sessions, replayed from the file
         gen = with_changes(base, seed=p["seed"], workload={**workload, "source": "synthetic"})

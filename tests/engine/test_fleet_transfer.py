@@ -75,7 +75,7 @@ def test_a_fleet_prices_each_cross_rack_push_on_the_scaleout_link():
     cfg = with_changes(base, deployment={"groups": [
         {"name": "p", "racks": 1, "prefill": {"instances": 1}, "decode": {"instances": 0}},
         {"name": "d", "racks": 1, "prefill": {"instances": 0}, "decode": {"instances": 1}}]},
-        workload={"num_sessions": 2, "replay": {"concurrency": 1, "window_s": 20.0,
+        workload={"num_sessions": 2, "replay": {"concurrency": 1, "window_s": 30.0,
                                                 "warmup_requests_per_lane": 0}})
     sim = Simulation(cfg, load_sessions(cfg.workload, cfg.seed))
     out = sim.run(progress=False)

@@ -145,10 +145,13 @@ def test_the_simulated_server_s_own_means_by_hand():
 def test_a_lane_starting_mid_session_sends_its_primer_and_waits_for_it():
     """As the driver does: the primer is a request of one output token, recorded in phase
     'primer' (the server's own counters see it), and the lane's session starts when it ends."""
-    replay = ReplaySpec(concurrency=2, primer=True, warmup_requests_per_lane=0, window_s=1.0)
+    # four lanes over the one session's nominal 2.5 s: the last lane's slice (from 1.9 s)
+    # lies past turn 1's send (1.52 s), so at least that lane starts mid-session
+    replay = ReplaySpec(concurrency=4, primer=True, warmup_requests_per_lane=0, window_s=1.0)
     out = simulate_colocated([_chain()], replay, _profile(api_ms=5.0), seed=3)
     primers = [r for r in out.records if r.phase == "primer"]
-    assert primers and all(r.output_tokens == 1 and r.send_s == 0.0 for r in primers)
+    assert 3 in {p.lane for p in primers}
+    assert all(r.output_tokens == 1 and r.send_s == 0.0 for r in primers)
     for p in primers:
         after = [r for r in out.records if r.lane == p.lane and r.phase != "primer"]
         # the lane's first session request goes out the moment its primer finished

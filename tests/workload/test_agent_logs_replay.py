@@ -85,8 +85,10 @@ class _FakeVllm(http.server.BaseHTTPRequestHandler):
 def test_validated_mode_driver_replays_the_imported_pool(pool, tmp_path):
     spec = WorkloadSpec.model_validate({
         "name": "imported", "source": "jsonl", "path": str(pool),
-        "replay": {"concurrency": 2, "primer": True, "warmup_requests_per_lane": 1,
-                   "window_s": 3.0, "drain_s": 0}})
+        # both lanes from their session's first turn: the 6 s see turns before the pool's
+        # 32 s compaction delay, where a lane started mid-session may sit through it
+        "replay": {"concurrency": 2, "start": "fresh", "primer": True,
+                   "warmup_requests_per_lane": 1, "window_s": 3.0, "drain_s": 0}})
     sessions = load_sessions(spec, 0)
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeVllm)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
