@@ -179,7 +179,9 @@ class Confirm(PlanModel):
     launcher: str = "joblib"
     launcher_overrides: list[str] = ["hydra.launcher.n_jobs=2"]
     window_s: PositiveFloat = 60.0
-    warmup_requests_per_lane: int = Field(default=1, ge=0)
+    warmup_requests_per_lane: int = Field(default=2, ge=0, description=(
+        "requests each lane finishes before the window opens: every lane sends its first at "
+        "t = 0, and that burst's queues last past the first (docs/planner.md, stage 2)"))
     fleet: bool = True
     rounds: PositiveInt = Field(default=2, description=(
         "confirmation rounds: while no simulated candidate meets the SLOs, simulate the next "
