@@ -23,8 +23,9 @@ the excess agents queue for admission and their wait (Little) is added to TTFT. 
 interactivity is taken at the 90th percentile of the instance's occupancy (Poisson, the
 M/G/infinity count) spread over its ranks: ``a / T(n90)``; a colocated instance's at the step
 that 90 % of its tokens wait less for, idle or carrying a chunk by the share of the tokens its
-steps with prefill emit (`Screen._colocated_p90_ms`). Sums of P90 parts make the TTFT P90 an
-upper estimate; the DES confirmation measures how far off it is.
+steps with prefill emit (`Screen._colocated_p90_ms`; where that share is within
+`KNIFE_EDGE_SHARE` of a tenth, `interactivity_edge_tok_s` gives the other kind's). Sums of P90
+parts make the TTFT P90 an upper estimate; the DES confirmation measures how far off it is.
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ from rackSim.plan.speeds import (
 )
 
 BISECTION_STEPS = 48
+#: Within this of a tenth, the tokens' share from a colocated instance's steps carrying
+#: prefill does not tell on which kind of step its P90 falls: the screen's share was 0.0001 to
+#: 0.009 from the simulation's at five loads (docs/planner.md, stage 1), and the P90 jumps
+#: between the longest idle step and the shortest busy one at a tenth.
+KNIFE_EDGE_SHARE = 0.01
 
 
 @dataclass(frozen=True)
@@ -362,8 +368,10 @@ class Screen:
         return self._predict(df, n, p, saturated)
 
     def _colocated_p90_ms(self, df: pd.DataFrame, n: np.ndarray, n90: np.ndarray,
-                          speed: ColocatedSpeed, table: ColocatedTable) -> np.ndarray:
-        """The step at the 90th percentile of the tokens a colocated instance emits (ms).
+                          speed: ColocatedSpeed, table: ColocatedTable
+                          ) -> tuple[np.ndarray, np.ndarray]:
+        """The step at the 90th percentile of the tokens a colocated instance emits (ms), and
+        the step it would be on the other side of the knife-edge (NaN off it).
 
         Its steps are of two kinds: without prefill, and carrying a chunk (longer by the
         chunk, and by a floor for the request's cached context). A step carrying prefill is
@@ -372,16 +380,28 @@ class Screen:
         emits w = share x (1 + 1 / m) of the tokens. Above a tenth, the P90 is the
         (w - 0.1) / w quantile of the busy steps, whose chunk is that quantile of the
         requests' uncached tokens (at most the free budget), at the P90 occupancy; below, it
-        is an idle step at the occupancy's (0.9 - w) / (1 - w) quantile."""
+        is an idle step at the occupancy's (0.9 - w) / (1 - w) quantile. Within
+        `KNIFE_EDGE_SHARE` of the tenth the other side's step is the shortest busy step (a
+        chunk of the fewest uncached tokens) or the longest idle one (the 0.999 quantile)."""
         m = np.maximum(n * speed.ranks, 1e-9)
         w = np.minimum(table.share_at(n) * (1 + 1 / m), 1.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             q_busy = np.clip((w - 0.1) / w, 0.0, 1.0)
             q_idle = np.clip((0.9 - w) / (1 - w), 0.0, 0.999)
-        chunk = np.minimum(self.demand.uncached_quantile(df["cache_per_agent_tokens"].to_numpy(),
-                                                         q_busy), speed.free(n90))
-        n_idle = np.clip(occupancy_quantile(m, q_idle) / speed.ranks, n, speed.max_per_rank)
-        return np.where(w > 0.1, table.busy_at(n90, chunk), table.idle_at(n_idle))
+        cache = df["cache_per_agent_tokens"].to_numpy()
+        free = speed.free(n90)
+
+        def busy(q: np.ndarray) -> np.ndarray:
+            return table.busy_at(n90, np.minimum(self.demand.uncached_quantile(cache, q), free))
+
+        def idle(q: np.ndarray) -> np.ndarray:
+            return table.idle_at(np.clip(occupancy_quantile(m, q) / speed.ranks, n,
+                                         speed.max_per_rank))
+
+        above = w > 0.1
+        p90 = np.where(above, busy(q_busy), idle(q_idle))
+        other = np.where(above, idle(np.full(len(w), 0.999)), busy(np.zeros(len(w))))
+        return p90, np.where(np.abs(w - 0.1) < KNIFE_EDGE_SHARE, other, np.nan)
 
     def _predict(self, df: pd.DataFrame, n: np.ndarray, p: dict[str, np.ndarray],
                  saturated: np.ndarray) -> pd.DataFrame:
@@ -399,9 +419,11 @@ class Screen:
                                     / df["decode_ranks"].to_numpy(),
                                     df["decode_max_per_rank"].to_numpy()), n)
         t90 = self._step_ms(df, n90)
+        edge = np.full(len(df), np.nan)
         for index, speed, table in self._colocated_groups(df):
             rows = df.index.get_indexer(index)
-            t90[rows] = self._colocated_p90_ms(df.loc[index], n[rows], n90[rows], speed, table)
+            t90[rows], edge[rows] = self._colocated_p90_ms(df.loc[index], n[rows], n90[rows],
+                                                           speed, table)
         out = df.copy()
         lam = p["lam"]
         gpus_rack = df["gpus_per_rack_used"].to_numpy()
@@ -418,6 +440,8 @@ class Screen:
         out["uncached_input_tok_s_gpu"] = uncached
         out["output_tok_s_gpu"] = output
         out["interactivity_tok_s"] = df["accepted"].to_numpy() / t90 * 1e3
+        # colocated, on the knife-edge: the P90 had it fallen on the other kind of step
+        out["interactivity_edge_tok_s"] = df["accepted"].to_numpy() / edge * 1e3
         out["ttft_p50_ms"] = (w50 + p["own"] + p["push"] + p["lead"] + extra) * 1e3
         out["ttft_p90_ms"] = (w90 + p["own90"] + p["push90"] + p["lead"] + extra) * 1e3
         out["revenue_usd_gpu_h"] = (cached * pr.cached_input_usd_per_mtok

@@ -25,6 +25,7 @@ COLUMNS = {
     "des_throughput_tok_s_gpu": "tok/s/GPU (DES)",
     "interactivity_tok_s": "P90 tok/s/user (screen)",
     "des_interactivity_tok_s": "P90 tok/s/user (DES)",
+    "interactivity_edge_tok_s": "P90 tok/s/user knife-edge (screen)",
     "ttft_p90_ms": "TTFT P90 ms (screen)",
     "des_ttft_p90_ms": "TTFT P90 ms (DES)",
     "revenue_usd_gpu_h": "revenue $/GPU-h",
@@ -86,4 +87,9 @@ def format_plan(table: pd.DataFrame) -> str:
                   if isinstance(r.get(c), str) and r.get(c)]
         if missed:
             lines.append(f"{'':<22} misses: {missed[0]}")
+        edge = r.get("P90 tok/s/user knife-edge (screen)")
+        if edge is not None and edge == edge:
+            lines.append(f"{'':<22} knife-edge: the screen's P90 "
+                         f"{r['P90 tok/s/user (screen)']:,.1f} tok/s/user, {edge:,.1f} on the "
+                         "other kind of step (idle or carrying prefill)")
     return "\n".join(lines)

@@ -111,3 +111,19 @@ def test_the_terminal_table_keeps_its_columns_under_long_layout_names():
         end = head.index(label) + len(label)
         assert all(len(r) >= end and r[end - 1] != " " and r[end:end + 1] in ("", " ")
                    for r in rows), label
+
+
+def test_the_terminal_table_says_where_a_p90_sits_on_the_knife_edge():
+    """A colocated row whose tokens' share from busy steps is near a tenth carries the other
+    kind of step's P90: the table prints both; a row off the edge (NaN) prints none."""
+    from rackSim.report.plan_table import format_plan
+
+    row = {"status": "plan 3: confirmed", "hardware": "gb200_nvl72", "racks": 14,
+           "layout per rack": "C9xDEP8", "tok/s/GPU (screen)": 44735.0,
+           "P90 tok/s/user (screen)": 414.8, "TTFT P90 ms (screen)": 65.0,
+           "cost $/Mtok": 0.0279}
+    table = pd.DataFrame([{**row, "P90 tok/s/user knife-edge (screen)": 231.4},
+                          {**row, "P90 tok/s/user knife-edge (screen)": float("nan")}])
+    lines = format_plan(table).splitlines()
+    assert len(lines) == 4 and "knife-edge" in lines[2]
+    assert "P90 414.8 tok/s/user, 231.4 on the other kind of step" in lines[2]

@@ -17,7 +17,7 @@ from rackSim.plan.demand import profile_demand
 from rackSim.plan.inputs import load_hardware
 from rackSim.plan.layout import rack_layouts
 from rackSim.plan.queueing import mg1_wait_s, occupancy_quantile, wait_quantile_s
-from rackSim.plan.screen import Screen
+from rackSim.plan.screen import KNIFE_EDGE_SHARE, Screen
 from rackSim.plan.spec import HardwareOption, Space
 from rackSim.plan.speeds import RankLoads, busy_share, decode_speed
 from rackSim.workload.graph import RequestSpec, SessionGraph
@@ -297,11 +297,11 @@ def test_colocated_p90_step_follows_the_tokens_share_of_busy_steps(screened):
     assert table.busy_at(at, table.chunk) == pytest.approx(table.busy_ms, rel=1e-12)
     assert table.busy_at(at, np.ones(len(at))) == pytest.approx(table.small_ms, rel=1e-12)
     assert np.all(table.small_ms > table.idle_ms)
-    n = np.linspace(0.05, r["decode_max_per_rank"], 200)
+    n = np.linspace(0.05, r["decode_max_per_rank"], 4000)
     rows = pd.DataFrame([r] * len(n))
     n90 = np.clip(occupancy_quantile(n * speed.ranks, 0.9) / speed.ranks, n,
                   r["decode_max_per_rank"])
-    got = screen._colocated_p90_ms(rows, n, n90, speed, table)
+    got, edge = screen._colocated_p90_ms(rows, n, n90, speed, table)
     assert np.all(np.diff(got) >= -1e-9)
     w = table.share_at(n) * (1 + 1 / (n * speed.ranks))
     idle, busy = w <= 0.1, w > 0.1
@@ -309,6 +309,21 @@ def test_colocated_p90_step_follows_the_tokens_share_of_busy_steps(screened):
     assert got[idle].max() < table.busy_at(n[busy][0], np.array(1.0))
     for i in np.linspace(0, len(n) - 1, 12).astype(int):
         assert got[i] == pytest.approx(colocated_p90_step(r, screen, n[i]), rel=1e-9)
+    # the knife-edge: within 0.01 of a tenth, the other kind's step beside the rule's
+    near = np.abs(w - 0.1) < KNIFE_EDGE_SHARE
+    assert (near & idle).any() and (near & busy).any()
+    assert np.all(np.isnan(edge) == ~near)
+    smallest = float(d.uncached_quantile(r["cache_per_agent_tokens"], 0.0))
+    for i in np.flatnonzero(near & idle):  # the shortest busy step: the fewest uncached tokens
+        chunk = min(smallest, speed.budget - n90[i] * (1 + speed.draft_tokens))
+        assert edge[i] == pytest.approx(float(table.busy_at(n90[i], np.array(chunk))),
+                                        rel=1e-9)
+        assert edge[i] > got[i]
+    for i in np.flatnonzero(near & busy):  # the longest idle step: the 0.999 occupancy
+        n_idle = max(min(poisson.ppf(0.999, n[i] * speed.ranks) / speed.ranks,
+                         r["decode_max_per_rank"]), n[i])
+        assert edge[i] == pytest.approx(float(table.idle_at(n_idle)), rel=1e-9)
+        assert edge[i] < got[i]
 
 
 def test_more_racks_never_serve_a_rack_worse(screened):
