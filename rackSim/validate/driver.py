@@ -361,15 +361,16 @@ class ReplayDriver:
         self._sleeping.discard(task)
         self._inflight.discard(task)
 
-    def _later(self, client: httpx.AsyncClient, cursor: SessionCursor, spec: RequestSpec
-               ) -> None:
-        self._spawn(self._run_one(client, cursor, spec), sleeping=True)
+    def _later(self, client: httpx.AsyncClient, cursor: SessionCursor, spec: RequestSpec,
+               at_once: bool = False) -> None:
+        """Send `spec` after its delay (`at_once`: now, as a lane's first requests)."""
+        self._spawn(self._run_one(client, cursor, spec, at_once), sleeping=True)
 
     async def _run_one(self, client: httpx.AsyncClient, cursor: SessionCursor,
-                       spec: RequestSpec) -> None:
+                       spec: RequestSpec, at_once: bool = False) -> None:
         inst = cursor.inst
         key = f"{inst.key_base}:{spec.rid}:r"
-        if spec.delay_s > 0 and key not in self.done:
+        if spec.delay_s > 0 and not at_once and key not in self.done:
             await asyncio.sleep(spec.delay_s)
         end = self.replay.window_end_s
         if self.stop_reason is not None or (end is not None and self.now() >= end):
@@ -399,8 +400,8 @@ class ReplayDriver:
         if first.primer is not None:
             await self._request(client, first.inst, first.primer, primer=True)
         cursor = SessionCursor(first.inst, first.start_rid)
-        for spec in cursor.start():
-            self._later(client, cursor, spec)
+        for spec in cursor.start():  # the lane arrives now, as in the simulator
+            self._later(client, cursor, spec, at_once=True)
 
     async def _scraper(self, client: httpx.AsyncClient, log: ScrapeLog) -> None:
         while True:
