@@ -12,9 +12,11 @@ relative error, and a status:
 Fitted calibration rows also get a leave-one-out prediction (rackSim.calibrate.loo) and the
 size of the group of figures fitted together (free parameters vs target values: with as many
 parameters as targets a zero error is no evidence). End-to-end rows (H1-H4) come from one
-simulation of the default scenario; their leave-one-out values come from the headline fit
-(calibration/headline_fit.yaml) when it exists. Effects (rackSim.calibrate.effects) compare
-variants of the default scenario with the directions the publication reports.
+simulation: of the fitted headline scenario (`workload=agentx_fitted
+deployment=agentx_fitted`, as its fit evaluated it: window, warm-up, seed) when the headline
+fit converged (calibration/headline_fit.yaml exists; its leave-one-out values are then the
+rows' evidence), of the default scenario otherwise. Effects (rackSim.calibrate.effects)
+compare variants of the default scenario with the directions the publication reports.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ from rackSim.report.fidelity_plots import plot_fidelity
 from rackSim.run import simulate
 
 HEADLINE_FIT = CALIBRATION / "headline_fit.yaml"
+#: the scenario `racksim-calibrate workload` writes when the headline fit converges
+FITTED_SCENARIO = ("workload=agentx_fitted", "deployment=agentx_fitted")
 #: end-to-end figure -> the simulation summary key that predicts it
 HEADLINE_KEYS = {"H1": "throughput_tok_s_gpu", "H2": "interactivity_tok_s",
                  "H3": "revenue_usd_gpu_h"}
@@ -271,7 +275,9 @@ EXIT_INTERRUPTED = 130
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="racksim-fidelity", description=__doc__.split("\n")[0])
     ap.add_argument("--window-s", type=positive_float, default=120.0,
-                    help="measurement window of the headline simulation, s (default %(default)s)")
+                    help="measurement window of the default scenario's headline simulation, "
+                         "s (default %(default)s; a converged headline fit's scenario runs its "
+                         "fit's window)")
     ap.add_argument("--effects-window-s", type=positive_float, default=60.0,
                     help="measurement window of each effect run, s (default %(default)s)")
     ap.add_argument("--out", type=Path, default=None,
@@ -314,6 +320,24 @@ def _reference(args: argparse.Namespace) -> tuple[RunConfig, Profile]:
     return cfg, profile
 
 
+def fitted_headline_scenario(headline_fit: dict[str, Any], overrides: tuple[str, ...] | list[str]
+                             ) -> RunConfig:
+    """The fitted headline scenario simulated as its fit evaluated it (the record's window,
+    warm-up requests per lane and seed), with --override after them."""
+    try:
+        s = headline_fit["settings"]
+        window, warmup, seed = (s["window_s"], s["warmup_requests_per_lane"], s["seed"])
+    except (KeyError, TypeError) as err:
+        raise FidelityError(f"{HEADLINE_FIT}: no settings.{err} to simulate the fitted "
+                            "scenario with; run racksim-calibrate workload again") from None
+    try:
+        return compose_scenario([*FITTED_SCENARIO, f"workload.replay.window_s={window}",
+                                 f"workload.replay.warmup_requests_per_lane={warmup}",
+                                 f"seed={seed}", *overrides, "progress=false"])
+    except ScenarioError as err:
+        raise FidelityError(one_line(f"fitted scenario: {err}")) from err
+
+
 def _fmt(v: Any, fmt: str = "{:.4g}", text: str = "") -> str:
     return text if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
 
@@ -353,8 +377,14 @@ def run(args: argparse.Namespace, cfg: RunConfig, profile: Profile
     figs = figures.read_figures()
     fit_rows = fit_table(profile)
     t0 = time.perf_counter()
-    _stage(f"the reference scenario, a {args.window_s:g}-s window")
-    result = simulate(cfg, progress=sys.stderr.isatty())
+    if headline_fit is None:
+        hcfg = cfg
+        _stage(f"the reference scenario, a {args.window_s:g}-s window")
+    else:
+        hcfg = fitted_headline_scenario(headline_fit, args.override)
+        _stage(f"the fitted headline scenario, a {hcfg.workload.replay.window_s:g}-s window "
+               "as its fit evaluated it")
+    result = simulate(hcfg, progress=sys.stderr.isatty())
     if result.summary.get("partial"):
         raise KeyboardInterrupt
     timings["headline_s"] = time.perf_counter() - t0
@@ -378,7 +408,8 @@ def run(args: argparse.Namespace, cfg: RunConfig, profile: Profile
     table = build_table(figs, fit_rows, profile, headline, headline_fit, loo)
     meta = {"scenario": result.summary["scenario"], "layout": result.summary["layout"],
             "num_gpus": result.summary["num_gpus"], "overrides": list(args.override),
-            "window_s": args.window_s, "effects_window_s": args.effects_window_s,
+            "headline_scenario": hcfg.deployment.name + " | " + hcfg.workload.name,
+            "window_s": hcfg.workload.replay.window_s, "effects_window_s": args.effects_window_s,
             "profile": str(cfg.perf.profile), "profile_created_at": profile.meta.get(
                 "created_at"), "headline_fit": str(HEADLINE_FIT) if headline_fit else None,
             "timings_s": timings}

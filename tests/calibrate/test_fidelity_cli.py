@@ -162,3 +162,19 @@ def test_console_script_is_installed(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip().endswith(
         "racksim-fidelity: error: argument --window-s: 0 must be above 0")
+
+
+def test_a_converged_headline_fit_puts_its_scenario_under_the_headline_rows() -> None:
+    """H1-H3 fitted: they are predicted by the fitted scenario as its fit evaluated it (the
+    record's window, warm-up and seed), --override last; a record without its settings is
+    refused with the file and the fix."""
+    fit = {"settings": {"window_s": 15.0, "warmup_requests_per_lane": 1, "seed": 0}}
+    cfg = fidelity.fitted_headline_scenario(fit, ["deployment.decode.gpus=16"])
+    assert (cfg.workload.name, cfg.workload.replay.window_s,
+            cfg.workload.replay.warmup_requests_per_lane, cfg.seed) == (
+        "agentx_fitted", 15.0, 1, 0)
+    assert cfg.deployment.decode.gpus == 16 and not cfg.progress
+    with pytest.raises(fidelity.FidelityError, match=r"headline_fit.yaml: no settings.'seed' "
+                                                     r".*run racksim-calibrate workload again"):
+        fidelity.fitted_headline_scenario({"settings": {"window_s": 15.0,
+                                                        "warmup_requests_per_lane": 1}}, [])
