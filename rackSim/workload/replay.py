@@ -163,7 +163,8 @@ class ClosedLoopReplay(_Phases):
             ends.append(max(finish, default=0.0))
             timed = list(zip(send, (r.rid for r in g.requests), strict=True))
             main = sorted(t for t, r in zip(timed, g.requests, strict=True) if r.agent == 0)
-            mains.append(([s for s, _ in main or timed], [rid for _, rid in main or timed]))
+            main = main or sorted(timed)
+            mains.append(([s for s, _ in main], [rid for _, rid in main]))
         return list(accumulate(ends)), mains
 
     def start_point(self, lane: int) -> tuple[int, int]:

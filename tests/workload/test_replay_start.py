@@ -92,3 +92,13 @@ def test_a_short_window_sees_the_pools_prompt_mix_only_from_a_steady_start():
     over a 600-s window steady 0.998 on all three."""
     assert all(_window_prompt_ratio("steady", seed) > 0.9 for seed in (0, 1, 2))
     assert _window_prompt_ratio("fresh", 0) < 0.8
+
+
+def test_a_session_without_a_main_agent_starts_at_its_request_in_progress():
+    """An imported session may hold only subagent requests: its lanes start at whichever
+    request is in progress at their point (sends at 0 and 3 s, the session over at 4 s)."""
+    reqs = (RequestSpec(0, None, 0, 100, 0, agent=1),
+            RequestSpec(1, 0, 100, 100, 0, after=(0,), delay_s=2.0, agent=1))
+    replay = ClosedLoopReplay([SessionGraph("sub", reqs)],
+                              ReplaySpec(concurrency=4, window_s=1.0), seed=0)
+    assert [replay.start_point(lane) for lane in range(4)] == [(0, 0), (0, 0), (0, 0), (0, 1)]
