@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 BLOCK_TOKENS = 64
+#: Nominal latencies (no server): 1 s to the first token and 5 ms per output token, about the
+#: published ~200 tokens/s per user (`stats.NominalTiming`, the replay's start points).
+NOMINAL_TTFT_S, NOMINAL_TPOT_S = 1.0, 0.005
 
 PromptPath = tuple[tuple[int, int], ...]
 """((node_key, full_blocks_covered), ...), root first."""
@@ -97,8 +100,8 @@ class SessionGraph:
                 heads.append(r.rid)
         return tuple(heads)
 
-    def nominal_times(self, ttft_s: float, tpot_s: float, start_s: float = 0.0
-                      ) -> tuple[list[float], list[float]]:
+    def nominal_times(self, ttft_s: float = NOMINAL_TTFT_S, tpot_s: float = NOMINAL_TPOT_S,
+                      start_s: float = 0.0) -> tuple[list[float], list[float]]:
         """(send, finish) times of each request (s) if the session starts at `start_s` and
         every request takes `ttft_s` plus `tpot_s` per output token (no server: statistics
         and the replay's start points)."""

@@ -32,8 +32,6 @@ from rackSim.config.specs import ReplaySpec
 from rackSim.workload.graph import RequestSpec, SessionGraph, SessionInstance
 
 PRIMER, WARMUP, WINDOW, DRAIN = "primer", "warmup", "window", "drain"
-#: Nominal latencies that lay a pool's sessions out in time for the lanes' start points (s).
-START_TTFT_S, START_TPOT_S = 1.0, 0.005
 _LANE_SHIFT, _SESSION_SHIFT = 40, 20  # node key = lane << 40 | k << 20 | rid  (< 2**60)
 
 
@@ -159,11 +157,10 @@ class ClosedLoopReplay(_Phases):
         order; all its requests if it has no main agent) (s)."""
         ends, mains = [], []
         for g in self.sessions:
-            send, finish = g.nominal_times(START_TTFT_S, START_TPOT_S)
+            send, finish = g.nominal_times()
             ends.append(max(finish, default=0.0))
-            timed = list(zip(send, (r.rid for r in g.requests), strict=True))
-            main = sorted(t for t, r in zip(timed, g.requests, strict=True) if r.agent == 0)
-            main = main or sorted(timed)
+            timed = sorted(zip(send, (r.rid for r in g.requests), strict=True))
+            main = [t for t in timed if g.requests[t[1]].agent == 0] or timed
             mains.append(([s for s, _ in main], [rid for _, rid in main]))
         return list(accumulate(ends)), mains
 

@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from rackSim.workload.graph import BLOCK_TOKENS, SessionGraph, SessionInstance
+from rackSim.workload.graph import (
+    BLOCK_TOKENS,
+    NOMINAL_TPOT_S,
+    NOMINAL_TTFT_S,
+    SessionGraph,
+    SessionInstance,
+)
 from rackSim.workload.prefix_cache import BlockLruCache
 
 
@@ -29,8 +35,8 @@ from rackSim.workload.prefix_cache import BlockLruCache
 class NominalTiming:
     """Service-time model and session start policy for statistics (not a simulation)."""
 
-    ttft_s: float = 1.0
-    tpot_s: float = 0.005
+    ttft_s: float = NOMINAL_TTFT_S
+    tpot_s: float = NOMINAL_TPOT_S
     concurrency: int | None = None
     speedup: float = 1.0
 
