@@ -103,6 +103,11 @@ class ColocatedInstance(DecodeInstance):
         b = self.block
         return min(blocks * BLOCK_TOKENS // b * b, (job.prompt_tokens - 1) // b * b)
 
+    @property
+    def requests_held(self) -> int:
+        """Requests submitted here and not retired: waiting, prefilling or decoding."""
+        return self.ranks * self.max_seqs - self.free_slots
+
     def estimated_uncached(self, job: Job) -> int:
         """Prompt tokens this instance would compute for `job` if it arrived now."""
         return self._uncached(job, self.pick_rank(job)[0])

@@ -40,6 +40,11 @@ class PrefillInstance:
         self._wake: simpy.Event | None = None
         env.process(self._loop())
 
+    @property
+    def requests_held(self) -> int:
+        """Requests submitted here whose prompt is not computed yet."""
+        return len(self.waiting) + len(self.running)
+
     def estimated_uncached(self, job: Job) -> int:
         """Prompt tokens this instance would compute for `job` if it started now."""
         gpu, host = self.cache.lookup(job.path)

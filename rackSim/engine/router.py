@@ -6,13 +6,17 @@ instance where queued work plus this request's uncached tokens *there* is smalle
 cached prefix keeps its session unless the queue elsewhere is shorter by more than the work
 of recomputing that prefix.
 
-Ties (equal queued tokens, or equal work) go to the instance that was sent the fewest
-requests so far, then to the lowest index. At light load every queue is empty when a session
-starts, and the lowest index used to take every tie: a rack of nine colocated instances
-under session affinity ended up with 76 and 78 sessions on the first two and 24-46 on the
-others (their decoding requests 24-26 against 4-10). A real router breaks such ties at
-random or by outstanding requests; counting requests sent spreads the sessions the same way
-on average, without the variance, and keeps the run deterministic.
+Ties (equal queued tokens, or equal work) go to the instance holding the fewest requests
+(`requests_held`: waiting, prefilling, and on a colocated instance decoding), then to the one
+sent the fewest so far, then to the lowest index. At light load every queue is empty when a
+session starts, so the tie-break places the sessions. vLLM balances its data-parallel engines
+on their running and waiting requests (docs/serving/data_parallel_deployment.md in vLLM); a
+prefill instance with nothing queued holds none, so there the requests sent decide. Taken
+by the lowest index, a rack of nine colocated instances ended up with 76 and 78 sessions on
+the first two and 24-46 on the others; taken by requests sent alone, colocated instances
+whose long steps slowed their sessions (so that they sent fewer requests) drew more sessions
+and slowed further: at 267 agents on nine GB200 DEP8 instances, 28 to 52 agents an instance
+and mean occupancies of 6 to 17 requests (now 35-44 and 8-12).
 """
 
 from __future__ import annotations
@@ -35,12 +39,13 @@ class Router:
         self._next = 0
         self._sticky: dict[int, PrefillInstance] = {}
         self._by_index = sorted(instances, key=lambda p: p.index)
-        #: requests sent to each instance so far (the tie-break)
+        #: requests sent to each instance so far (a tie-break)
         self.sent: dict[PrefillInstance, int] = dict.fromkeys(instances, 0)
 
     def _least_loaded(self) -> PrefillInstance:
         sent = self.sent
-        return min(self.instances, key=lambda p: (p.queued_tokens, sent[p], p.index))
+        return min(self.instances,
+                   key=lambda p: (p.queued_tokens, p.requests_held, sent[p], p.index))
 
     def home(self, key: int, inst: PrefillInstance) -> None:
         """Primer: session `key`'s prefix was made resident on `inst`; under session affinity
@@ -78,6 +83,7 @@ class Router:
             uncached = p.estimated_uncached(job)
             total = p.queued_tokens + uncached
             if best_total is None or total < best_total or (
-                    total == best_total and sent[p] < sent[best]):
+                    total == best_total and (p.requests_held, sent[p])
+                    < (best.requests_held, sent[best])):
                 best, best_total, best_uncached = p, total, uncached
         return best, best_uncached
