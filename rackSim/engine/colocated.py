@@ -41,7 +41,7 @@ from rackSim.engine.prefix_cache import TieredPrefixCache
 from rackSim.engine.request import Job
 from rackSim.metrics.histogram import LatencyHistogram
 from rackSim.perf.step import DecodeBatch, PrefillBatch, StepModel
-from rackSim.workload.graph import BLOCK_TOKENS, PromptPath
+from rackSim.workload.graph import BLOCK_TOKENS, computed_path
 
 
 class ColocatedInstance(DecodeInstance):
@@ -259,12 +259,3 @@ class ColocatedInstance(DecodeInstance):
                        sum(self.ctx) + prefill.attended_tokens, len(entered))
             self._advance(end, retiring)
 
-
-def computed_path(path: PromptPath, tokens: int) -> PromptPath:
-    """The blocks of a `tokens`-long context whose KV is computed when its request ends: all
-    but the last token's (sampled, never fed back), so `path` less its last block when
-    `tokens` fill that block exactly."""
-    if tokens % BLOCK_TOKENS or not path:
-        return path
-    key, blocks = path[-1]
-    return path[:-1] + ((key, blocks - 1),) if blocks > 1 else path[:-1]

@@ -8,9 +8,12 @@ server simulated):
   mean context a decode batch holds (step-weighted);
 * prefix reuse as a function of the prefix-cache capacity *per live agent* (tokens): the
   prompts are replayed in send order on `lanes` closed-loop lanes through one block-LRU cache
-  of `capacity x lanes` tokens (the prefill instances' view: outputs are not cached until a
-  later prompt carries them). Uncached tokens per request (mean, mean square, and their
-  quantiles at every 5 %) are kept per capacity and interpolated in log capacity;
+  of `capacity x lanes` tokens, in two views: a prefill instance's (`prefill_reuse`: outputs
+  are not cached until a later prompt carries them, the decode instance held them) and a
+  colocated instance's (`colocated_reuse`: the instance that decoded an output keeps it, so
+  the next turn's prompt hits it, as vLLM's prefix cache does). Uncached tokens per request
+  (mean, mean square, and their quantiles at every 5 %) are kept per capacity and view and
+  interpolated in log capacity;
 * session duration, linear in the latencies a server gives: ``d = d0 + n_ttft x TTFT +
   n_tpot x TPOT`` (s), where d0 is the tool / think time on the session's critical path,
   n_ttft the requests on it and n_tpot their output tokens after the first. Found exactly
@@ -47,15 +50,35 @@ class DemandProfile:
     session_d0_s: float
     session_n_ttft: float
     session_n_tpot: float
+    #: prefix reuse seen by a prefill instance (prompts cached; disaggregated layouts)
+    prefill_reuse: Reuse
+    #: prefix reuse seen by a colocated instance (prompts and the outputs it decoded cached)
+    colocated_reuse: Reuse
+
+    def session_s(self, ttft_s: float, tpot_s: float) -> float:
+        """Mean session duration at these mean latencies (s)."""
+        return self.session_d0_s + self.session_n_ttft * ttft_s + self.session_n_tpot * tpot_s
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """Uncached prompt tokens per request against the prefix-cache capacity per live agent
+    (tokens), measured at `CACHE_PER_AGENT_TOKENS` and interpolated in log capacity."""
+
     cache_per_agent: np.ndarray
     uncached_mean: np.ndarray
     uncached_sq_mean: np.ndarray
     #: (capacity, level): the `UNCACHED_LEVELS` quantiles of uncached tokens per request
     uncached_quantiles: np.ndarray
 
-    def session_s(self, ttft_s: float, tpot_s: float) -> float:
-        """Mean session duration at these mean latencies (s)."""
-        return self.session_d0_s + self.session_n_ttft * ttft_s + self.session_n_tpot * tpot_s
+    @classmethod
+    def measured(cls, prompt: np.ndarray, hits_per_capacity: Sequence[np.ndarray]) -> Reuse:
+        """From the cached tokens of each request (`prefix_hits`) at every capacity."""
+        unc = [prompt - hits for hits in hits_per_capacity]
+        return cls(cache_per_agent=np.array(CACHE_PER_AGENT_TOKENS),
+                   uncached_mean=np.array([u.mean() for u in unc]),
+                   uncached_sq_mean=np.array([(u ** 2).mean() for u in unc]),
+                   uncached_quantiles=np.array([np.quantile(u, UNCACHED_LEVELS) for u in unc]))
 
     def uncached(self, cache_tokens_per_agent: float) -> tuple[float, float, float]:
         """(mean, mean square, P90) of uncached prompt tokens per request at this capacity."""
@@ -95,13 +118,7 @@ def profile_demand(graphs: Sequence[SessionGraph], accepted_tokens_per_step: flo
     prompt = tab["prompt"].to_numpy(dtype=float)
     output = tab["output"].to_numpy(dtype=float)
     steps = np.array([decode_steps(int(o), accepted_tokens_per_step) for o in output])
-    unc_mean, unc_sq, unc_q = [], [], []
     caps = [per_agent * max(lanes, 1) for per_agent in CACHE_PER_AGENT_TOKENS]
-    for hits in prefix_hits(graphs, tab, caps):
-        unc = prompt - hits
-        unc_mean.append(unc.mean())
-        unc_sq.append((unc ** 2).mean())
-        unc_q.append(np.quantile(unc, UNCACHED_LEVELS))
     d0 = _session_durations(graphs, 0.0, 0.0)
     # TPOT applies to tokens after the first; timeline charges every output token, so the
     # requests' first tokens are taken back out of n_tpot below.
@@ -114,5 +131,6 @@ def profile_demand(graphs: Sequence[SessionGraph], accepted_tokens_per_step: flo
         decode_steps_mean=float(steps.mean()),
         decode_context_mean=float((steps * (prompt + output / 2)).sum() / steps.sum()),
         session_d0_s=d0, session_n_ttft=n_ttft, session_n_tpot=max(n_out - n_ttft, 0.0),
-        cache_per_agent=np.array(CACHE_PER_AGENT_TOKENS), uncached_mean=np.array(unc_mean),
-        uncached_sq_mean=np.array(unc_sq), uncached_quantiles=np.array(unc_q))
+        prefill_reuse=Reuse.measured(prompt, prefix_hits(graphs, tab, caps)),
+        colocated_reuse=Reuse.measured(prompt, prefix_hits(graphs, tab, caps,
+                                                            outputs_kept=True)))

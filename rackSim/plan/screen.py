@@ -9,9 +9,11 @@ balances, found by bisection (vectorised over all candidates):
   stays `steps` steps, so it completes ``lambda_d = n x ranks / (steps x T(n))`` requests/s;
   the rack completes ``lambda = decode_instances x lambda_d``;
 * prefill (M/G/1 per instance, FCFS, session affinity): each request brings `u` uncached
-  tokens, an instance computes mu tokens/s at a full budget, so ``rho = lambda_p E[u] / mu``
-  and the Pollaczek-Khinchine wait is ``W = lambda_p E[u^2] / mu^2 / (2 (1 - rho))``, with the
-  usual exponential tail for its P50 / P90 (rackSim.plan.queueing);
+  tokens (`DemandProfile.prefill_reuse`; a colocated instance keeps the outputs it decoded:
+  `colocated_reuse`), an instance computes mu tokens/s at a full budget, so
+  ``rho = lambda_p E[u] / mu`` and the Pollaczek-Khinchine wait is
+  ``W = lambda_p E[u^2] / mu^2 / (2 (1 - rho))``, with the usual exponential tail for its
+  P50 / P90 (rackSim.plan.queueing);
 * TTFT = wait + the request's own chunks + KV push + half a decode step (the step in
   progress) + the first decode step; TPOT = T(n) / accepted tokens per step;
 * closed loop (Little over the agents): ``agents = lambda_s x session duration(TTFT, TPOT)``
@@ -222,7 +224,7 @@ class Screen:
                 for racks in range(1, pl.limits.max_racks + 1):
                     agents, sessions_s = self._agents(racks)
                     cache = lay.prefill_instances * pre.cache_tokens / max(agents, 1e-9)
-                    u_mean, u_sq, u90 = d.uncached(cache)
+                    u_mean, u_sq, u90 = d.prefill_reuse.uncached(cache)
                     mu, _ = pre.rate(d.prompt_mean, u_mean)
                     rows.append({
                         **self._common(opt.name, hw, price, lay, racks, agents, sessions_s),
@@ -269,7 +271,7 @@ class Screen:
         for racks in range(1, self.plan.limits.max_racks + 1):
             agents, sessions_s = self._agents(racks)
             cache = lay.colocated_instances * col.cache_tokens / max(agents, 1e-9)
-            u_mean, u_sq, u90 = d.uncached(cache)
+            u_mean, u_sq, u90 = d.colocated_reuse.uncached(cache)
             col.table(d.prompt_mean, u_mean)
             rows.append({
                 **self._common(option, hw, price, lay, racks, agents, sessions_s),
@@ -374,28 +376,31 @@ class Screen:
         the step it would be on the other side of the knife-edge (NaN off it).
 
         Its steps are of two kinds: without prefill, and carrying a chunk (longer by the
-        chunk, and by a floor for the request's cached context). A step carrying prefill is
-        sampled with the arrivals, in proportion to the instance's decoding requests, so it
-        holds 1 + 1 / m times their mean (m the instance's mean occupancy, Poisson) and
-        emits w = share x (1 + 1 / m) of the tokens. Above a tenth, the P90 is the
-        (w - 0.1) / w quantile of the busy steps, whose chunk is that quantile of the
-        requests' uncached tokens (at most the free budget), at the P90 occupancy; below, it
-        is an idle step at the occupancy's (0.9 - w) / (1 - w) quantile. Within
-        `KNIFE_EDGE_SHARE` of the tenth the other side's step is the shortest busy step (a
-        chunk of the fewest uncached tokens) or the longest idle one (the 0.999 quantile)."""
+        chunk, and by a floor for the request's cached context), every idle step shorter
+        than every busy one at the occupancies that matter. A step carries prefill whatever
+        its decoding requests (the simulation's busy and idle steps hold the same mean), so
+        the busy steps emit the tokens' share w = their share of the steps. Tokens sort idle
+        first: above a tenth, the P90 is the (w - 0.1) / w quantile of the busy steps' tokens,
+        a chunk of that quantile of the requests' uncached tokens (the colocated view of
+        reuse, at most the free budget) at the P90 occupancy; below, the 0.9 / (1 - w)
+        quantile of the idle steps' tokens: a step at that quantile of the token-weighted
+        occupancy (1 + Poisson(m), m the instance's mean). Within `KNIFE_EDGE_SHARE` of the
+        tenth the other side's step is the shortest busy step (a chunk of the fewest
+        uncached tokens) or the longest idle one (the 0.999 quantile)."""
         m = np.maximum(n * speed.ranks, 1e-9)
-        w = np.minimum(table.share_at(n) * (1 + 1 / m), 1.0)
+        w = table.share_at(n)
         with np.errstate(divide="ignore", invalid="ignore"):
             q_busy = np.clip((w - 0.1) / w, 0.0, 1.0)
-            q_idle = np.clip((0.9 - w) / (1 - w), 0.0, 0.999)
+            q_idle = np.clip(0.9 / (1 - w), 0.0, 0.999)
         cache = df["cache_per_agent_tokens"].to_numpy()
         free = speed.free(n90)
+        uncached = self.demand.colocated_reuse.uncached_quantile
 
         def busy(q: np.ndarray) -> np.ndarray:
-            return table.busy_at(n90, np.minimum(self.demand.uncached_quantile(cache, q), free))
+            return table.busy_at(n90, np.minimum(uncached(cache, q), free))
 
         def idle(q: np.ndarray) -> np.ndarray:
-            return table.idle_at(np.clip(occupancy_quantile(m, q) / speed.ranks, n,
+            return table.idle_at(np.clip((1 + occupancy_quantile(m, q)) / speed.ranks, n,
                                          speed.max_per_rank))
 
         above = w > 0.1

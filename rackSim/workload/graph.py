@@ -208,3 +208,13 @@ class SessionInstance:
 def path_blocks(path: PromptPath) -> int:
     """Blocks (64 tokens) a prompt path covers."""
     return sum(b for _, b in path)
+
+
+def computed_path(path: PromptPath, tokens: int) -> PromptPath:
+    """The blocks of a `tokens`-long context whose KV is computed when its request ends: all
+    but the last token's (sampled, never fed back), so `path` less its last block when
+    `tokens` fill that block exactly."""
+    if tokens % BLOCK_TOKENS or not path:
+        return path
+    key, blocks = path[-1]
+    return path[:-1] + ((key, blocks - 1),) if blocks > 1 else path[:-1]

@@ -27,6 +27,7 @@ from rackSim.workload.graph import (
     NOMINAL_TTFT_S,
     SessionGraph,
     SessionInstance,
+    computed_path,
 )
 from rackSim.workload.prefix_cache import BlockLruCache
 
@@ -74,15 +75,25 @@ def timeline(graphs: Sequence[SessionGraph], timing: NominalTiming = NominalTimi
 
 
 def prefix_hits(graphs: Sequence[SessionGraph], table: pd.DataFrame,
-                capacities_tokens: Sequence[float | None]) -> list[np.ndarray]:
+                capacities_tokens: Sequence[float | None], outputs_kept: bool = False
+                ) -> list[np.ndarray]:
     """Cached prompt tokens per row of `table`, requests in send order through one LRU
-    prefix cache of each capacity (tokens; None = infinite); the prompts' block paths are
-    built once for all capacities."""
+    prefix cache of each capacity (tokens; None = infinite); the block paths are built once
+    for all capacities.
+
+    A request makes its prompt resident, or with `outputs_kept` its whole computed context
+    (prompt and output less the last token, as a colocated instance that decoded it keeps
+    it): then a later prompt that carries the output hits it too."""
     insts = [SessionInstance(g, key_base=(j + 1) << 20) for j, g in enumerate(graphs)]
     order = np.lexsort((table["rid"].to_numpy(), table["session"].to_numpy(),
                         table["send_s"].to_numpy()))
     sess, rid, prompt = (table[c].to_numpy() for c in ("session", "rid", "prompt"))
-    paths = [insts[sess[i]].prompt_path(int(rid[i])) for i in order]
+    if outputs_kept:
+        paths = [computed_path(insts[sess[i]].context_path(int(rid[i])),
+                               graphs[sess[i]].requests[int(rid[i])].context_tokens)
+                 for i in order]
+    else:
+        paths = [insts[sess[i]].prompt_path(int(rid[i])) for i in order]
     most = [(int(prompt[i]) - 1) // BLOCK_TOKENS for i in order]  # the last block recomputes
     out = []
     for capacity in capacities_tokens:

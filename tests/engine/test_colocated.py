@@ -290,7 +290,7 @@ def test_a_context_ending_on_a_block_keeps_that_block_out_of_reuse():
     """A finished request leaves its context reusable but for its last sampled token, whose KV
     is never computed: a context of whole blocks loses its last block (the node's count drops,
     or the node goes when that was its only block); any other length keeps every full block."""
-    from rackSim.engine.colocated import computed_path
+    from rackSim.workload.graph import computed_path
 
     path = ((7, 3), (9, 2))
     assert computed_path(path, 5 * 64 + 10) == path

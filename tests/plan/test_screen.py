@@ -90,25 +90,46 @@ def test_demand_profile_by_hand():
     assert d.decode_steps_mean == pytest.approx(15.0)
     assert d.decode_context_mean == pytest.approx(
         (32 * 1050 + 17 * 1325 + 7 * 810 + 4 * 1455) / 60)
-    no_cache, _, _ = d.uncached(0.0)
+    no_cache, _, _ = d.prefill_reuse.uncached(0.0)
     assert no_cache == pytest.approx(d.prompt_mean)
-    big, _, _ = d.uncached(1e9)
+    big, _, _ = d.prefill_reuse.uncached(1e9)
     assert big < no_cache
 
 
 def test_demand_keeps_the_uncached_tokens_distribution():
     d = profile_demand([_session()], accepted_tokens_per_step=3.25, lanes=1)
-    # no cache: every prompt is computed whole (1000, 1300, 800, 1450 tokens)
-    assert d.uncached_quantile(0.0, [0.0, 0.5, 1.0]) == pytest.approx([800, 1150, 1450])
-    assert d.uncached_quantile(0.0, 0.9) == pytest.approx(np.quantile([1000, 1300, 800, 1450],
-                                                                       0.9))
-    for cache in (0.0, 5e3, 1e9):
-        q = d.uncached_quantile(cache, np.linspace(0, 1, 41))
-        assert np.all(np.diff(q) >= 0)
-        assert d.uncached(cache)[2] == pytest.approx(float(d.uncached_quantile(cache, 0.9)))
-    # per row: capacities and levels broadcast together
-    assert d.uncached_quantile([0.0, 1e9], 1.0) == pytest.approx(
-        [1450, float(d.uncached_quantile(1e9, 1.0))])
+    for reuse in (d.prefill_reuse, d.colocated_reuse):
+        # no cache: every prompt is computed whole (1000, 1300, 800, 1450 tokens)
+        assert reuse.uncached_quantile(0.0, [0.0, 0.5, 1.0]) == pytest.approx([800, 1150,
+                                                                                1450])
+        assert reuse.uncached_quantile(0.0, 0.9) == pytest.approx(
+            np.quantile([1000, 1300, 800, 1450], 0.9))
+        for cache in (0.0, 5e3, 1e9):
+            q = reuse.uncached_quantile(cache, np.linspace(0, 1, 41))
+            assert np.all(np.diff(q) >= 0)
+            assert reuse.uncached(cache)[2] == pytest.approx(
+                float(reuse.uncached_quantile(cache, 0.9)))
+        # per row: capacities and levels broadcast together
+        assert reuse.uncached_quantile([0.0, 1e9], 1.0) == pytest.approx(
+            [1450, float(reuse.uncached_quantile(1e9, 1.0))])
+
+
+def test_a_colocated_instance_reuses_the_outputs_it_decoded():
+    """An infinite cache, whole 64-token blocks. A prefill instance holds prompts only: r1
+    (r0's 1,000-token prompt and 100-token output, then 200 new) hits r0's 15 full prompt
+    blocks (960), r2 (the first 500 of r0's prompt, then 300 new) 7 blocks (448), r3 (r1's
+    1,350-token context, then 100 new) r1's 20 prompt blocks (1,280). A colocated instance
+    also holds what it decoded, all but the last token: r1 hits r0's 1,099 computed tokens'
+    17 blocks (1,088), r3 r1's 1,349 computed tokens' 21 (1,344)."""
+    d = profile_demand([_session()], accepted_tokens_per_step=3.25, lanes=1)
+    prompts = np.array([1000, 1300, 800, 1450])
+    for reuse, hits in ((d.prefill_reuse, [0, 960, 448, 1280]),
+                        (d.colocated_reuse, [0, 1088, 448, 1344])):
+        unc = prompts - np.array(hits)
+        assert reuse.uncached(1e9)[0] == pytest.approx(unc.mean())
+        assert reuse.uncached(1e9)[1] == pytest.approx((unc ** 2).mean())
+        assert reuse.uncached_quantile(1e9, [0.0, 1.0]) == pytest.approx([unc.min(),
+                                                                           unc.max()])
 
 
 def test_rack_layouts_by_hand():
@@ -185,10 +206,10 @@ def hand_point(r: pd.Series, screen: Screen) -> tuple[float, float, float]:
 
 def colocated_p90_step(r: pd.Series, screen: Screen, n: float | None = None) -> float:
     """The P90 step (ms) of a colocated row by hand, at its occupancy or at `n` requests a
-    rank: w = share x (1 + 1 / m) of the tokens come from steps carrying prefill (m the
-    instance's mean occupancy); above a tenth, the busy step whose chunk is the
-    (w - 0.1) / w quantile of uncached tokens, at the P90 occupancy; else the idle step at
-    the occupancy's (0.9 - w) / (1 - w) quantile."""
+    rank: w = the share of steps carrying prefill, of the tokens too; above a tenth, the busy
+    step whose chunk is the (w - 0.1) / w quantile of uncached tokens (colocated view), at
+    the P90 occupancy; else the idle step at the 0.9 / (1 - w) quantile of the
+    token-weighted occupancy 1 + Poisson(m)."""
     d = screen.demand
     speed = screen.serving_speed(r["hardware"], "colocated", r["colocated_gpus"],
                                  r["colocated_dbo"])
@@ -197,12 +218,14 @@ def colocated_p90_step(r: pd.Series, screen: Screen, n: float | None = None) -> 
     m = n * speed.ranks
     top = r["decode_max_per_rank"]
     n90 = max(min(poisson.ppf(0.9, m) / speed.ranks, top), n)
-    w = min(float(table.share_at(n)) * (1 + 1 / m), 1.0)
+    w = float(table.share_at(n))
     if w > 0.1:
-        u = float(d.uncached_quantile(r["cache_per_agent_tokens"], (w - 0.1) / w))
+        u = float(d.colocated_reuse.uncached_quantile(r["cache_per_agent_tokens"],
+                                                      (w - 0.1) / w))
         chunk = min(u, speed.budget - n90 * (1 + speed.draft_tokens))
         return float(table.busy_at(n90, np.array(chunk)))
-    n_idle = max(min(poisson.ppf((0.9 - w) / (1 - w), m) / speed.ranks, top), n)
+    q = min(0.9 / (1 - w), 0.999)
+    n_idle = max(min((1 + poisson.ppf(q, m)) / speed.ranks, top), n)
     return float(table.idle_at(n_idle))
 
 
@@ -303,7 +326,7 @@ def test_colocated_p90_step_follows_the_tokens_share_of_busy_steps(screened):
                   r["decode_max_per_rank"])
     got, edge = screen._colocated_p90_ms(rows, n, n90, speed, table)
     assert np.all(np.diff(got) >= -1e-9)
-    w = table.share_at(n) * (1 + 1 / (n * speed.ranks))
+    w = table.share_at(n)
     idle, busy = w <= 0.1, w > 0.1
     assert idle.any() and busy.any()
     assert got[idle].max() < table.busy_at(n[busy][0], np.array(1.0))
@@ -313,14 +336,14 @@ def test_colocated_p90_step_follows_the_tokens_share_of_busy_steps(screened):
     near = np.abs(w - 0.1) < KNIFE_EDGE_SHARE
     assert (near & idle).any() and (near & busy).any()
     assert np.all(np.isnan(edge) == ~near)
-    smallest = float(d.uncached_quantile(r["cache_per_agent_tokens"], 0.0))
+    smallest = float(d.colocated_reuse.uncached_quantile(r["cache_per_agent_tokens"], 0.0))
     for i in np.flatnonzero(near & idle):  # the shortest busy step: the fewest uncached tokens
         chunk = min(smallest, speed.budget - n90[i] * (1 + speed.draft_tokens))
         assert edge[i] == pytest.approx(float(table.busy_at(n90[i], np.array(chunk))),
                                         rel=1e-9)
         assert edge[i] > got[i]
     for i in np.flatnonzero(near & busy):  # the longest idle step: the 0.999 occupancy
-        n_idle = max(min(poisson.ppf(0.999, n[i] * speed.ranks) / speed.ranks,
+        n_idle = max(min((1 + poisson.ppf(0.999, n[i] * speed.ranks)) / speed.ranks,
                          r["decode_max_per_rank"]), n[i])
         assert edge[i] == pytest.approx(float(table.idle_at(n_idle)), rel=1e-9)
         assert edge[i] < got[i]
