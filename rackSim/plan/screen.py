@@ -63,6 +63,9 @@ BISECTION_STEPS = 48
 #: 0.009 from the simulation's at five loads (docs/planner.md, stage 1), and the P90 jumps
 #: between the longest idle step and the shortest busy one at a tenth.
 KNIFE_EDGE_SHARE = 0.01
+#: Equally likely uncached prompts that stand for their distribution (quantile levels: the
+#: middles of twenty equal slices) where a colocated step's length depends on its chunk.
+PROMPT_LEVELS = (np.arange(20) + 0.5) / 20
 
 
 @dataclass(frozen=True)
@@ -292,10 +295,11 @@ class Screen:
             speed = self._colocated[(hw, w, o)]
             yield col.index[idx], speed, speed.table(self.demand.prompt_mean, u)
 
-    def _step_ms(self, df: pd.DataFrame, per_rank: np.ndarray, busy: bool = False
-                 ) -> np.ndarray:
+    def _step_ms(self, df: pd.DataFrame, per_rank: np.ndarray, busy: bool = False,
+                 chunk: np.ndarray | None = None) -> np.ndarray:
         """Step time (ms) of every candidate's decoding instances at `per_rank` requests per
-        rank; colocated: the mean step, or with `busy` a step carrying a full prefill chunk."""
+        rank; colocated: the mean step, or with `busy` a step carrying the mean request's
+        chunk, or a `chunk`-token one."""
         out = np.full(len(df), np.nan)
         dis = df[df["family"] != "colocated"]
         for key, idx in dis.groupby(["hardware", "decode_gpus", "decode_dbo"]).indices.items():
@@ -303,7 +307,26 @@ class Screen:
             out[rows] = self._decode[key].step_at(per_rank[rows])
         for index, _, table in self._colocated_groups(df):
             rows = df.index.get_indexer(index)
-            out[rows] = (table.busy_at if busy else table.step_at)(per_rank[rows])
+            if not busy:
+                out[rows] = table.step_at(per_rank[rows])
+            else:
+                out[rows] = table.busy_at(per_rank[rows],
+                                          None if chunk is None else chunk[rows])
+        return out
+
+    def _first_token_ms(self, df: pd.DataFrame, n: np.ndarray, free: np.ndarray,
+                        quantiles: tuple[float, ...] = ()) -> list[np.ndarray]:
+        """A colocated prompt's time from reaching its rank to its first token (ms): mean,
+        then `quantiles`, by `ColocatedTable.first_token_ms` over `PROMPT_LEVELS` of the
+        requests' uncached tokens (colocated view); NaN on disaggregated rows."""
+        out = [np.full(len(df), np.nan) for _ in range(1 + len(quantiles))]
+        for index, _, table in self._colocated_groups(df):
+            rows = df.index.get_indexer(index)
+            prompts = self.demand.colocated_reuse.uncached_quantile(
+                df["cache_per_agent_tokens"].to_numpy()[rows, None], PROMPT_LEVELS)
+            got = table.first_token_ms(n[rows], prompts, free[rows], quantiles)
+            for o, g in zip(out, got, strict=True):
+                o[rows] = g
         return out
 
     def _point(self, df: pd.DataFrame, n: np.ndarray) -> dict[str, np.ndarray]:
@@ -312,7 +335,9 @@ class Screen:
         Disaggregated: an M/G/1 queue per prefill instance at its full-budget rate, then the
         request's own chunks, the KV push and 1.5 decode steps (the one in progress and the
         first). Colocated: an M/G/1 queue per DP rank served at `free(n)` tokens per busy
-        step, then the request's own busy steps and half a step (the one in progress)."""
+        step, then the rest of the step in progress and the request's own busy steps
+        (`_first_token_ms`). `after` / `after90`: TTFT after the queue, mean / P90 parts
+        (the colocated P90 is left to `_predict`)."""
         d = self.demand
         colocated = (df["family"] == "colocated").to_numpy()
         ranks = df["decode_ranks"].to_numpy()
@@ -328,19 +353,16 @@ class Screen:
             mu = np.where(colocated, np.maximum(free, 0.0) / busy_ms * 1e3,
                           df["prefill_mu_tok_s"].to_numpy())
             rho, wait = mg1_wait_s(lam_p, u / mu, u2 / mu ** 2)
-            own_steps = np.ceil(np.maximum(u, 1.0) / np.maximum(free, 1.0))
-            own90_steps = np.ceil(np.maximum(df["uncached_p90"].to_numpy(), 1.0)
-                                  / np.maximum(free, 1.0))
-        own = np.where(colocated, own_steps * busy_ms / 1e3, df["own_mean_s"].to_numpy())
-        own90 = np.where(colocated, own90_steps * busy_ms / 1e3, df["own_p90_s"].to_numpy())
-        lead = np.where(colocated, 0.5, 1.5) * t_ms / 1e3
-        push, push90 = df["push_mean_s"].to_numpy(), df["push_p90_s"].to_numpy()
-        ttft = wait + own + push + lead
+        lead = 1.5 * t_ms / 1e3
+        after = np.where(colocated, self._first_token_ms(df, n, free)[0] / 1e3,
+                         df["own_mean_s"].to_numpy() + df["push_mean_s"].to_numpy() + lead)
+        after90 = df["own_p90_s"].to_numpy() + df["push_p90_s"].to_numpy() + lead
+        ttft = wait + after
         tpot = t_ms / df["accepted"].to_numpy() / 1e3
         lam_s = lam / d.requests_per_session
         return {"t_ms": t_ms, "lam": lam, "rho": rho, "wait": wait, "ttft": ttft,
-                "tpot": tpot, "lam_s": lam_s, "own": own, "own90": own90, "push": push,
-                "push90": push90, "lead": lead,
+                "tpot": tpot, "lam_s": lam_s, "after": after, "after90": after90,
+                "free": free,
                 "session_s": d.session_d0_s + d.session_n_ttft * ttft + d.session_n_tpot * tpot}
 
     def _excess(self, df: pd.DataFrame, p: dict[str, np.ndarray]) -> np.ndarray:
@@ -447,8 +469,13 @@ class Screen:
         out["interactivity_tok_s"] = df["accepted"].to_numpy() / t90 * 1e3
         # colocated, on the knife-edge: the P90 had it fallen on the other kind of step
         out["interactivity_edge_tok_s"] = df["accepted"].to_numpy() / edge * 1e3
-        out["ttft_p50_ms"] = (w50 + p["own"] + p["push"] + p["lead"] + extra) * 1e3
-        out["ttft_p90_ms"] = (w90 + p["own90"] + p["push90"] + p["lead"] + extra) * 1e3
+        # colocated: the first token's own quantiles; disaggregated: mean / P90 parts
+        _, first50, first90 = self._first_token_ms(df, n, p["free"], (0.5, 0.9))
+        colocated = (df["family"] == "colocated").to_numpy()
+        after50 = np.where(colocated, first50 / 1e3, p["after"])
+        after90 = np.where(colocated, first90 / 1e3, p["after90"])
+        out["ttft_p50_ms"] = (w50 + after50 + extra) * 1e3
+        out["ttft_p90_ms"] = (w90 + after90 + extra) * 1e3
         out["revenue_usd_gpu_h"] = (cached * pr.cached_input_usd_per_mtok
                                     + uncached * pr.uncached_input_usd_per_mtok
                                     + output * pr.output_usd_per_mtok) * 3600 / 1e6

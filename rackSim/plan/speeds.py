@@ -21,6 +21,7 @@ Step models come from `rackSim.perf.build_step_model`, so the screen prices with
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,8 @@ DECODE_TABLE_PASSES = 8
 STEP_INDEX_STRIDE = 97
 #: Occupancy grid (requests per rank): every value up to this, then every `GRID_STRIDE`.
 GRID_DENSE, GRID_STRIDE = 8, 4
+#: Bisection steps of a first token's quantiles (2^-40 of the longest wait).
+FIRST_TOKEN_BISECTION_STEPS = 40
 
 
 @dataclass(frozen=True)
@@ -242,6 +245,53 @@ class ColocatedTable:
 
     def share_at(self, per_rank: np.ndarray | float) -> np.ndarray:
         return np.interp(per_rank, self.per_rank, self.busy_share)
+
+    def first_token_ms(self, per_rank: np.ndarray, prompts: np.ndarray, free: np.ndarray,
+                       quantiles: Sequence[float] = ()) -> list[np.ndarray]:
+        """The mean time (ms) from a prompt's arrival at a rank with no other prompt to its
+        first token, then its `quantiles`: the rest of the step in progress, then the
+        prompt's own chunks' steps.
+
+        Row i at `per_rank[i]` requests per rank; `prompts[i]` are equally likely uncached
+        prompts, each computed in chunks of at most `free[i]` tokens (full ones, then the
+        rest), one step each; a busy step's chunk is drawn by the steps the prompts take,
+        and a share `share_at` of the steps is busy, the others idle. The step in progress
+        is length-biased: its rest R has P(R > r) = E[(T - r)+] / E[T] (mean E[T^2] /
+        2 E[T]), independent of the prompt's own steps O, so P(R + O > t) is the prompts'
+        mean of P(R > t - O)."""
+        n, room = np.asarray(per_rank, dtype=float), np.maximum(np.asarray(free), 1.0)
+        steps = np.ceil(np.maximum(prompts, 1.0) / room[:, None])   # (rows, prompts)
+        rest = self.busy_at(n[:, None], prompts - (steps - 1) * room[:, None])
+        full = self.busy_at(n, room)[:, None]
+        own = (steps - 1) * full + rest
+        kind = steps / steps.sum(axis=1, keepdims=True) / steps     # a busy step's mix
+        s, idle = self.share_at(n), self.idle_at(n)
+        mean_t = s * (kind * own).sum(axis=1) + (1 - s) * idle
+        busy_sq = (kind * ((steps - 1) * full ** 2 + rest ** 2)).sum(axis=1)
+        out = [(s * busy_sq + (1 - s) * idle ** 2) / (2 * mean_t) + own.mean(axis=1)]
+        if not quantiles:
+            return out
+        k3, st3 = kind[:, None, :], steps[:, None, :]
+        s2, idle2, mean2 = s[:, None], idle[:, None], mean_t[:, None]
+
+        def beyond(t: np.ndarray) -> np.ndarray:
+            """P(R + O > t) per row."""
+            r = t[:, None] - own                              # (rows, prompts)
+            x = np.maximum(r, 0.0)[:, :, None]
+            busy = (k3 * ((st3 - 1) * np.maximum(full[:, :, None] - x, 0.0)
+                          + np.maximum(rest[:, None, :] - x, 0.0))).sum(axis=2)
+            tail = (s2 * busy + (1 - s2) * np.maximum(idle2 - x[:, :, 0], 0.0)) / mean2
+            return np.where(r < 0, 1.0, tail).mean(axis=1)
+
+        top = own.max(axis=1) + np.maximum(np.maximum(rest.max(axis=1), full[:, 0]), idle)
+        for q in quantiles:
+            lo, hi = np.zeros(len(n)), top
+            for _ in range(FIRST_TOKEN_BISECTION_STEPS):
+                t = (lo + hi) / 2
+                past = beyond(t) > 1 - q
+                lo, hi = np.where(past, t, lo), np.where(past, hi, t)
+            out.append((lo + hi) / 2)
+        return out
 
 
 class ColocatedSpeed:
