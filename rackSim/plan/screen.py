@@ -15,7 +15,9 @@ balances, found by bisection (vectorised over all candidates):
   ``W = lambda_p E[u^2] / mu^2 / (2 (1 - rho))``, with the usual exponential tail for its
   P50 / P90 (rackSim.plan.queueing);
 * TTFT = wait + the request's own chunks + KV push + half a decode step (the step in
-  progress) + the first decode step; TPOT = T(n) / accepted tokens per step;
+  progress) + the first decode step (colocated: the rest of the step in progress, taken
+  length-biased, then the request's own chunks' steps); TPOT = T(n) / accepted tokens per
+  step;
 * closed loop (Little over the agents): ``agents = lambda_s x session duration(TTFT, TPOT)``
   with ``lambda_s = lambda / requests per session``; open loop (sessions per hour):
   ``lambda_s`` is given.
@@ -59,8 +61,8 @@ from rackSim.plan.speeds import (
 
 BISECTION_STEPS = 48
 #: Within this of a tenth, the tokens' share from a colocated instance's steps carrying
-#: prefill does not tell on which kind of step its P90 falls: the screen's share was 0.0001 to
-#: 0.009 from the simulation's at five loads (docs/planner.md, stage 1), and the P90 jumps
+#: prefill does not tell on which kind of step its P90 falls: the screen's share was 0.002 to
+#: 0.006 from the simulation's at four loads (docs/planner.md, stage 1), and the P90 jumps
 #: between the longest idle step and the shortest busy one at a tenth.
 KNIFE_EDGE_SHARE = 0.01
 #: Equally likely uncached prompts that stand for their distribution (quantile levels: the

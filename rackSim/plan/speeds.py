@@ -264,22 +264,22 @@ class ColocatedTable:
         rest = self.busy_at(n[:, None], prompts - (steps - 1) * room[:, None])
         full = self.busy_at(n, room)[:, None]
         own = (steps - 1) * full + rest
-        kind = steps / steps.sum(axis=1, keepdims=True) / steps     # a busy step's mix
+        chunk_steps = steps.sum(axis=1)                   # each of them equally likely busy
         s, idle = self.share_at(n), self.idle_at(n)
-        mean_t = s * (kind * own).sum(axis=1) + (1 - s) * idle
-        busy_sq = (kind * ((steps - 1) * full ** 2 + rest ** 2)).sum(axis=1)
+        mean_t = s * own.sum(axis=1) / chunk_steps + (1 - s) * idle
+        busy_sq = ((steps - 1) * full ** 2 + rest ** 2).sum(axis=1) / chunk_steps
         out = [(s * busy_sq + (1 - s) * idle ** 2) / (2 * mean_t) + own.mean(axis=1)]
         if not quantiles:
             return out
-        k3, st3 = kind[:, None, :], steps[:, None, :]
+        st3, per3 = steps[:, None, :], chunk_steps[:, None]
         s2, idle2, mean2 = s[:, None], idle[:, None], mean_t[:, None]
 
         def beyond(t: np.ndarray) -> np.ndarray:
             """P(R + O > t) per row."""
             r = t[:, None] - own                              # (rows, prompts)
             x = np.maximum(r, 0.0)[:, :, None]
-            busy = (k3 * ((st3 - 1) * np.maximum(full[:, :, None] - x, 0.0)
-                          + np.maximum(rest[:, None, :] - x, 0.0))).sum(axis=2)
+            busy = ((st3 - 1) * np.maximum(full[:, :, None] - x, 0.0)
+                    + np.maximum(rest[:, None, :] - x, 0.0)).sum(axis=2) / per3
             tail = (s2 * busy + (1 - s2) * np.maximum(idle2 - x[:, :, 0], 0.0)) / mean2
             return np.where(r < 0, 1.0, tail).mean(axis=1)
 
