@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pandas as pd
 import pytest
@@ -187,13 +188,24 @@ def test_ctrl_c_lets_the_confirmation_sweep_keep_what_it_ran(tmp_path):
     terminal's Ctrl-C does not reach): the sweep gets the signal from the plan and is let end
     on its own (its handler here writes a file, as the real one writes its table) before the
     interrupt goes on; it is not killed."""
-    kept = tmp_path / "kept"
+    kept, ready = tmp_path / "kept", tmp_path / "ready"
     sweep = ("import pathlib, signal, sys, time\n"
              "def stop(*_):\n"
              f"    pathlib.Path({str(kept)!r}).write_text('table'); sys.exit(130)\n"
              "signal.signal(signal.SIGINT, stop)\n"
+             f"pathlib.Path({str(ready)!r}).touch()\n"
              "time.sleep(60)\n")
-    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+    def ctrl_c_once_the_sweep_listens() -> None:
+        """Ctrl-C once the sweep has its handler (a slow machine may take a while to start
+        it; without one it dies of the signal and keeps nothing)."""
+        for _ in range(6000):
+            if ready.exists():
+                break
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c_once_the_sweep_listens, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         _run_sweep([sys.executable, "-c", sweep])
     assert kept.read_text() == "table"
