@@ -205,9 +205,15 @@ def test_ctrl_c_lets_the_confirmation_sweep_keep_what_it_ran(tmp_path):
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Thread(target=ctrl_c_once_the_sweep_listens, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        _run_sweep([sys.executable, "-c", sweep])
+    # as in a terminal: a shell that starts the tests in the background without job control
+    # leaves SIGINT ignored, and the plan would never see the Ctrl-C
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=ctrl_c_once_the_sweep_listens, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            _run_sweep([sys.executable, "-c", sweep])
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert kept.read_text() == "table"
 
 
