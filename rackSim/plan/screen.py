@@ -297,11 +297,10 @@ class Screen:
             speed = self._colocated[(hw, w, o)]
             yield col.index[idx], speed, speed.table(self.demand.prompt_mean, u)
 
-    def _step_ms(self, df: pd.DataFrame, per_rank: np.ndarray, busy: bool = False,
-                 chunk: np.ndarray | None = None) -> np.ndarray:
+    def _step_ms(self, df: pd.DataFrame, per_rank: np.ndarray, busy: bool = False
+                 ) -> np.ndarray:
         """Step time (ms) of every candidate's decoding instances at `per_rank` requests per
-        rank; colocated: the mean step, or with `busy` a step carrying the mean request's
-        chunk, or a `chunk`-token one."""
+        rank; colocated: the mean step, or with `busy` a step carrying a full prefill chunk."""
         out = np.full(len(df), np.nan)
         dis = df[df["family"] != "colocated"]
         for key, idx in dis.groupby(["hardware", "decode_gpus", "decode_dbo"]).indices.items():
@@ -309,11 +308,7 @@ class Screen:
             out[rows] = self._decode[key].step_at(per_rank[rows])
         for index, _, table in self._colocated_groups(df):
             rows = df.index.get_indexer(index)
-            if not busy:
-                out[rows] = table.step_at(per_rank[rows])
-            else:
-                out[rows] = table.busy_at(per_rank[rows],
-                                          None if chunk is None else chunk[rows])
+            out[rows] = (table.busy_at if busy else table.step_at)(per_rank[rows])
         return out
 
     def _first_token_ms(self, df: pd.DataFrame, n: np.ndarray, free: np.ndarray,
