@@ -311,30 +311,36 @@ class Screen:
             out[rows] = (table.busy_at if busy else table.step_at)(per_rank[rows])
         return out
 
+    def _prompt_levels(self, df: pd.DataFrame) -> np.ndarray:
+        """(candidates, `PROMPT_LEVELS`): each candidate's equally likely uncached prompts
+        (tokens) in the colocated view of reuse, at its cache per agent."""
+        return self.demand.colocated_reuse.uncached_quantile(
+            df["cache_per_agent_tokens"].to_numpy()[:, None], PROMPT_LEVELS)
+
     def _first_token_ms(self, df: pd.DataFrame, n: np.ndarray, free: np.ndarray,
-                        quantiles: tuple[float, ...] = ()) -> list[np.ndarray]:
+                        prompts: np.ndarray, quantiles: tuple[float, ...] = ()
+                        ) -> list[np.ndarray]:
         """A colocated prompt's time from reaching its rank to its first token (ms): mean,
-        then `quantiles`, by `ColocatedTable.first_token_ms` over `PROMPT_LEVELS` of the
-        requests' uncached tokens (colocated view); NaN on disaggregated rows."""
+        then `quantiles`, by `ColocatedTable.first_token_ms` over the candidates' `prompts`
+        (`_prompt_levels`); NaN on disaggregated rows."""
         out = [np.full(len(df), np.nan) for _ in range(1 + len(quantiles))]
         for index, _, table in self._colocated_groups(df):
             rows = df.index.get_indexer(index)
-            prompts = self.demand.colocated_reuse.uncached_quantile(
-                df["cache_per_agent_tokens"].to_numpy()[rows, None], PROMPT_LEVELS)
-            got = table.first_token_ms(n[rows], prompts, free[rows], quantiles)
+            got = table.first_token_ms(n[rows], prompts[rows], free[rows], quantiles)
             for o, g in zip(out, got, strict=True):
                 o[rows] = g
         return out
 
-    def _point(self, df: pd.DataFrame, n: np.ndarray) -> dict[str, np.ndarray]:
+    def _point(self, df: pd.DataFrame, n: np.ndarray, prompts: np.ndarray
+               ) -> dict[str, np.ndarray]:
         """Rates and mean latencies of every candidate at decode occupancy `n` per rank.
 
         Disaggregated: an M/G/1 queue per prefill instance at its full-budget rate, then the
         request's own chunks, the KV push and 1.5 decode steps (the one in progress and the
         first). Colocated: an M/G/1 queue per DP rank served at `free(n)` tokens per busy
         step, then the rest of the step in progress and the request's own busy steps
-        (`_first_token_ms`). `after` / `after90`: TTFT after the queue, mean / P90 parts
-        (the colocated P90 is left to `_predict`)."""
+        (`_first_token_ms` over `prompts`). `after` / `after90`: TTFT after the queue, mean /
+        P90 parts (the colocated P90 is left to `_predict`)."""
         d = self.demand
         colocated = (df["family"] == "colocated").to_numpy()
         ranks = df["decode_ranks"].to_numpy()
@@ -351,7 +357,7 @@ class Screen:
                           df["prefill_mu_tok_s"].to_numpy())
             rho, wait = mg1_wait_s(lam_p, u / mu, u2 / mu ** 2)
         lead = 1.5 * t_ms / 1e3
-        after = np.where(colocated, self._first_token_ms(df, n, free)[0] / 1e3,
+        after = np.where(colocated, self._first_token_ms(df, n, free, prompts)[0] / 1e3,
                          df["own_mean_s"].to_numpy() + df["push_mean_s"].to_numpy() + lead)
         after90 = df["own_p90_s"].to_numpy() + df["push_p90_s"].to_numpy() + lead
         ttft = wait + after
@@ -377,16 +383,17 @@ class Screen:
         df["accepted"] = [s.accepted for s in speeds]
         df["free_budget"] = [getattr(s, "budget", math.nan) for s in speeds]
         df["tokens_per_request"] = [1 + s.draft_tokens for s in speeds]
+        prompts = self._prompt_levels(df)
         lo, hi = np.zeros(len(df)), df["decode_max_per_rank"].to_numpy().astype(float)
-        top = self._point(df, hi)
+        top = self._point(df, hi, prompts)
         saturated = np.nan_to_num(self._excess(df, top), nan=np.inf, posinf=np.inf) < 0
         for _ in range(BISECTION_STEPS):
             mid = (lo + hi) / 2
-            short = self._excess(df, self._point(df, mid)) < 0
+            short = self._excess(df, self._point(df, mid, prompts)) < 0
             lo, hi = np.where(short, mid, lo), np.where(short, hi, mid)
         n = np.where(saturated, df["decode_max_per_rank"].to_numpy(), lo)
-        p = self._point(df, n)
-        return self._predict(df, n, p, saturated)
+        p = self._point(df, n, prompts)
+        return self._predict(df, n, p, saturated, prompts)
 
     def _colocated_p90_ms(self, df: pd.DataFrame, n: np.ndarray, n90: np.ndarray,
                           speed: ColocatedSpeed, table: ColocatedTable
@@ -428,7 +435,7 @@ class Screen:
         return p90, np.where(np.abs(w - 0.1) < KNIFE_EDGE_SHARE, other, np.nan)
 
     def _predict(self, df: pd.DataFrame, n: np.ndarray, p: dict[str, np.ndarray],
-                 saturated: np.ndarray) -> pd.DataFrame:
+                 saturated: np.ndarray, prompts: np.ndarray) -> pd.DataFrame:
         d, slo, pr = self.demand, self.plan.slo, self.cfg.pricing
         open_loop = self.plan.demand.agents is None
         agents = np.where(open_loop, p["lam_s"] * p["session_s"], df["agents_per_rack_in"])
@@ -467,7 +474,7 @@ class Screen:
         # colocated, on the knife-edge: the P90 had it fallen on the other kind of step
         out["interactivity_edge_tok_s"] = df["accepted"].to_numpy() / edge * 1e3
         # colocated: the first token's own quantiles; disaggregated: mean / P90 parts
-        _, first50, first90 = self._first_token_ms(df, n, p["free"], (0.5, 0.9))
+        _, first50, first90 = self._first_token_ms(df, n, p["free"], prompts, (0.5, 0.9))
         colocated = (df["family"] == "colocated").to_numpy()
         after50 = np.where(colocated, first50 / 1e3, p["after"])
         after90 = np.where(colocated, first90 / 1e3, p["after90"])
