@@ -42,10 +42,14 @@ class Router:
         #: requests sent to each instance so far (a tie-break)
         self.sent: dict[PrefillInstance, int] = dict.fromkeys(instances, 0)
 
+    def _tie(self, p: PrefillInstance) -> tuple[int, int]:
+        """What breaks a tie between instances of equal load, smallest first (the module
+        docstring says why)."""
+        return p.requests_held, self.sent[p]
+
     def _least_loaded(self) -> PrefillInstance:
-        sent = self.sent
-        return min(self.instances,
-                   key=lambda p: (p.queued_tokens, p.requests_held, sent[p], p.index))
+        tie = self._tie
+        return min(self.instances, key=lambda p: (p.queued_tokens, tie(p), p.index))
 
     def home(self, key: int, inst: PrefillInstance) -> None:
         """Primer: session `key`'s prefix was made resident on `inst`; under session affinity
@@ -75,7 +79,6 @@ class Router:
         """Branch and bound: uncached work is >= 1 token, so an instance whose queue alone
         reaches the best total so far cannot win (nor tie) and its cache is not consulted."""
         best, best_total, best_uncached = None, None, 0
-        sent = self.sent
         # a stable sort of the index-ordered list: the order of (queued_tokens, index)
         for p in sorted(self._by_index, key=_queued):
             if best_total is not None and p.queued_tokens >= best_total:
@@ -83,7 +86,6 @@ class Router:
             uncached = p.estimated_uncached(job)
             total = p.queued_tokens + uncached
             if best_total is None or total < best_total or (
-                    total == best_total and (p.requests_held, sent[p])
-                    < (best.requests_held, sent[best])):
+                    total == best_total and self._tie(p) < self._tie(best)):
                 best, best_total, best_uncached = p, total, uncached
         return best, best_uncached
