@@ -24,13 +24,17 @@ Stated tolerances (errors are (predicted - measured) / measured):
   P90s are reported, not asserted: before the server ran at `--server-nice` they were
   dominated by the driver waiting for a CPU (stalls of up to 0.6 s); with it the TTFT P90
   errors measured -28/-29 % (6 -> 2), and other work on a shared CI machine can bring such
-  stalls back. The driver's own wait is asserted instead (under 5 % of a run behind a server
-  the tests start). The measured errors are printed (run with -s).
+  stalls back. Neither is the driver's own wait (other load on the machine moved it from 1 %
+  to 23 % of a run): the server the tests start is asserted to run niced, and a run whose
+  driver waited beyond three times `run`'s warning is measured once more and, if it waits
+  again, warned about. The measured errors are printed (run with -s).
 """
 
 from __future__ import annotations
 
 import math
+import os
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -50,6 +54,7 @@ from rackSim.validate.fit import fit_driver_records, fit_iteration_log
 from rackSim.validate.ingest import load_driver_run, read_iteration_log
 from rackSim.validate.refine import refine_overheads
 from rackSim.validate.scrape import metric_total, read_scrapes
+from rackSim.validate.server import SERVER_NICE, autogroup_nice
 from rackSim.workload.graph import SessionInstance
 from rackSim.workload.tokens import prompt_token_ids
 
@@ -64,7 +69,7 @@ def _delta(run_dir, name: str) -> float:
             - metric_total([tuple(x) for x in before["samples"]], name))
 
 
-def test_records_match_server_counters(measured_runs):
+def test_records_match_server_counters(measured_runs, vllm_server):
     for conc, run in measured_runs.items():
         out = run.outcome
         recs, t0, t1 = load_driver_run(out.out_dir)
@@ -91,15 +96,21 @@ def test_records_match_server_counters(measured_runs):
         probe = meta["probe"][meta["endpoints"][0]["url"]]
         assert probe["before"]["ok"] == probe["after"]["ok"] == 5
         assert set(probe["change"]) == {"ttft_ms", "tpot_ms"}
-        # the driver's CPU was measured; behind a local server started at --server-nice it
-        # hardly waits for one (measured: 1% of a 12-lane run; 43% with the server at nice 0).
-        # The machine's other load alone once made it wait 9% of a CI run (2026-12-03, beyond
-        # the 5% at which `run` warns), so the bound is three times that warning: it still
-        # tells a niced server (1%) from an unniced one (43%)
+        # the driver's CPU was measured, and the server the tests started runs at
+        # --server-nice: that, not the driver's wait, is asserted. Behind a niced server the
+        # driver hardly waits for a CPU (1% of a 12-lane run; 43% with the server at nice 0),
+        # but the machine's other load alone made it wait 9% of one CI run (2026-12-03) and
+        # 23% of both attempts of another (2026-12-07), so the wait measures the machine
         seg = meta["segments"][-1]
-        assert seg["driver_cpu_s"] > 0 and seg["driver_wait_s"] >= 0
+        assert seg["driver_cpu_s"] > 0 and 0 <= driver_wait_share(seg) <= 1
         if run.local_server:
-            assert driver_wait_share(seg) < 3 * DRIVER_WAIT_LIMIT, seg
+            pid = vllm_server.proc.pid
+            assert os.getpriority(os.PRIO_PROCESS, pid) == SERVER_NICE
+            assert autogroup_nice(pid) in (SERVER_NICE, None)
+            if driver_wait_share(seg) > 3 * DRIVER_WAIT_LIMIT:
+                warnings.warn(f"concurrency {conc}: the driver waited for a CPU "
+                              f"{driver_wait_share(seg):.0%} of the run (the machine is "
+                              "loaded); its latencies are the machine's", stacklevel=1)
         scrapes = read_scrapes(out.out_dir / "scrapes.jsonl")
         labels = {s["label"] for s in scrapes}
         assert labels == {"before", "during", "after"}
