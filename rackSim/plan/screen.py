@@ -8,28 +8,31 @@ balances, found by bisection (vectorised over all candidates):
 * decode (Little): an instance with n requests per rank steps every T(n) ms and a request
   stays `steps` steps, so it completes ``lambda_d = n x ranks / (steps x T(n))`` requests/s;
   the rack completes ``lambda = decode_instances x lambda_d``;
-* prefill (M/G/1 per instance, FCFS, session affinity): each request brings `u` uncached
-  tokens (`DemandProfile.prefill_reuse`; a colocated instance keeps the outputs it decoded:
-  `colocated_reuse`), an instance computes mu tokens/s at a full budget, so
-  ``rho = lambda_p E[u] / mu`` and the Pollaczek-Khinchine wait is
-  ``W = lambda_p E[u^2] / mu^2 / (2 (1 - rho))``, with the usual exponential tail for its
-  P50 / P90 (rackSim.plan.queueing);
-* TTFT = wait + the request's own chunks + KV push + half a decode step (the step in
-  progress) + the first decode step (colocated: the rest of the step in progress, taken
-  length-biased, then the request's own chunks' steps); TPOT = T(n) / accepted tokens per
-  step;
+* prefill: each request brings `u` uncached tokens (`DemandProfile.prefill_reuse`; a
+  colocated instance keeps the outputs it decoded: `colocated_reuse`). A prefill instance
+  (session affinity) batches: each step computes what arrived during the one before, a step
+  of x tokens taking a + b x (`PrefillSpeed.affine`), so a request waits for the rest of the
+  step in progress and then takes its own (`queueing.batched_prefill_s`, its quantiles a
+  gamma's); it saturates at its full-budget rate mu, ``rho = lambda_p E[u] / mu``. A
+  colocated instance's DP rank is an M/G/1 queue served at the budget its decode leaves per
+  busy step: the Pollaczek-Khinchine wait ``W = lambda_p E[u^2] / mu^2 / (2 (1 - rho))``,
+  with the usual exponential tail for its P50 / P90 (rackSim.plan.queueing);
+* TTFT = the prefill time + KV push + half a decode step (the step in progress) + the first
+  decode step (colocated: wait + the rest of the step in progress, taken length-biased, then
+  the request's own chunks' steps); TPOT = T(n) / accepted tokens per step;
 * closed loop (Little over the agents): ``agents = lambda_s x session duration(TTFT, TPOT)``
   with ``lambda_s = lambda / requests per session``; open loop (sessions per hour):
   ``lambda_s`` is given.
 
-If decode saturates (n reaches max_num_seqs or the KV limit) before the agents are absorbed,
-the excess agents queue for admission and their wait (Little) is added to TTFT. P90
+If decode saturates (n reaches max_num_seqs or the KV limit), or a prefill instance reaches its
+full-budget rate, before the agents are absorbed, the excess agents wait (Little) and their
+wait is added to TTFT. P90
 interactivity is taken at the 90th percentile of the instance's occupancy (Poisson, the
 M/G/infinity count) spread over its ranks: ``a / T(n90)``; a colocated instance's at the step
 that 90 % of its tokens wait less for, idle or carrying a chunk by the share of the tokens its
 steps with prefill emit (`Screen._colocated_p90_ms`; where that share is within
-`KNIFE_EDGE_SHARE` of a tenth, `interactivity_edge_tok_s` gives the other kind's). Sums of P90
-parts make the TTFT P90 an upper estimate; the DES confirmation measures how far off it is.
+`KNIFE_EDGE_SHARE` of a tenth, `interactivity_edge_tok_s` gives the other kind's). The DES
+confirmation measures how far off the screen is.
 """
 
 from __future__ import annotations
@@ -49,7 +52,13 @@ from rackSim.config.specs import HardwareSpec, RunConfig
 from rackSim.plan.demand import DemandProfile
 from rackSim.plan.inputs import PlanError
 from rackSim.plan.layout import RackLayout, rack_layouts, smallest_layouts
-from rackSim.plan.queueing import mg1_wait_s, occupancy_quantile, wait_quantile_s
+from rackSim.plan.queueing import (
+    batched_prefill_s,
+    gamma_quantile,
+    mg1_wait_s,
+    occupancy_quantile,
+    wait_quantile_s,
+)
 from rackSim.plan.spec import PlanSpec, Space
 from rackSim.plan.speeds import (
     ColocatedSpeed,
@@ -231,14 +240,15 @@ class Screen:
                     cache = lay.prefill_instances * pre.cache_tokens / max(agents, 1e-9)
                     u_mean, u_sq, u90 = d.prefill_reuse.uncached(cache)
                     mu, _ = pre.rate(d.prompt_mean, u_mean)
+                    fixed_ms, per_token_ms = pre.affine(d.prompt_mean, u_mean)
                     rows.append({
                         **self._common(opt.name, hw, price, lay, racks, agents, sessions_s),
                         "serving_instances": lay.decode_instances, "serving_gpus": lay.decode_gpus,
                         "serving_dbo": bool(lay.decode_dbo),
                         "cache_per_agent_tokens": cache, "uncached_mean": u_mean,
                         "uncached_sq_mean": u_sq, "uncached_p90": u90, "prefill_mu_tok_s": mu,
-                        "own_mean_s": pre.own_ms(d.prompt_mean, u_mean) / 1e3,
-                        "own_p90_s": pre.own_ms(d.prompt_mean, u90) / 1e3,
+                        "prefill_fixed_ms": fixed_ms, "prefill_ms_per_token": per_token_ms,
+                        "prefill_budget_tokens": pre.budget,
                         "push_mean_s": pre.push_ms(d.prompt_mean) / 1e3,
                         "push_p90_s": pre.push_ms(d.prompt_p90) / 1e3,
                         "decode_max_per_rank": dec.max_per_rank,
@@ -285,7 +295,8 @@ class Screen:
                 "serving_dbo": bool(lay.colocated_dbo), "cache_per_agent_tokens": cache,
                 "uncached_mean": u_mean,
                 "uncached_sq_mean": u_sq, "uncached_p90": u90, "prefill_mu_tok_s": math.nan,
-                "own_mean_s": math.nan, "own_p90_s": math.nan, "push_mean_s": 0.0,
+                "prefill_fixed_ms": math.nan, "prefill_ms_per_token": math.nan,
+                "prefill_budget_tokens": math.nan, "push_mean_s": 0.0,
                 "push_p90_s": 0.0, "decode_max_per_rank": col.max_per_rank})
         return rows
 
@@ -335,12 +346,12 @@ class Screen:
                ) -> dict[str, np.ndarray]:
         """Rates and mean latencies of every candidate at decode occupancy `n` per rank.
 
-        Disaggregated: an M/G/1 queue per prefill instance at its full-budget rate, then the
-        request's own chunks, the KV push and 1.5 decode steps (the one in progress and the
-        first). Colocated: an M/G/1 queue per DP rank served at `free(n)` tokens per busy
-        step, then the rest of the step in progress and the request's own busy steps
-        (`_first_token_ms` over `prompts`). `after` / `after90`: TTFT after the queue, mean /
-        P90 parts (the colocated P90 is left to `_predict`)."""
+        Disaggregated: a request's time at its batching prefill instance
+        (`queueing.batched_prefill_s`: mean `prefill_mean`, variance `prefill_var`), then the
+        KV push and 1.5 decode steps (the one in progress and the first). Colocated: an
+        M/G/1 queue per DP rank served at `free(n)` tokens per busy step (`wait`), then the
+        rest of the step in progress and the request's own busy steps (`_first_token_ms` over
+        `prompts`). `lead`: the decode steps a disaggregated TTFT adds (s)."""
         d = self.demand
         colocated = (df["family"] == "colocated").to_numpy()
         ranks = df["decode_ranks"].to_numpy()
@@ -356,16 +367,18 @@ class Screen:
             mu = np.where(colocated, np.maximum(free, 0.0) / busy_ms * 1e3,
                           df["prefill_mu_tok_s"].to_numpy())
             rho, wait = mg1_wait_s(lam_p, u / mu, u2 / mu ** 2)
+            pre_mean, pre_var = batched_prefill_s(
+                lam_p, df["prefill_fixed_ms"].to_numpy() / 1e3,
+                df["prefill_ms_per_token"].to_numpy() / 1e3, u, u2,
+                df["prefill_budget_tokens"].to_numpy())
         lead = 1.5 * t_ms / 1e3
-        after = np.where(colocated, self._first_token_ms(df, n, free, prompts)[0] / 1e3,
-                         df["own_mean_s"].to_numpy() + df["push_mean_s"].to_numpy() + lead)
-        after90 = df["own_p90_s"].to_numpy() + df["push_p90_s"].to_numpy() + lead
-        ttft = wait + after
+        ttft = np.where(colocated, wait + self._first_token_ms(df, n, free, prompts)[0] / 1e3,
+                        pre_mean + df["push_mean_s"].to_numpy() + lead)
         tpot = t_ms / df["accepted"].to_numpy() / 1e3
         lam_s = lam / d.requests_per_session
         return {"t_ms": t_ms, "lam": lam, "rho": rho, "wait": wait, "ttft": ttft,
-                "tpot": tpot, "lam_s": lam_s, "after": after, "after90": after90,
-                "free": free,
+                "tpot": tpot, "lam_s": lam_s, "prefill_mean": pre_mean,
+                "prefill_var": pre_var, "lead": lead, "free": free,
                 "session_s": d.session_d0_s + d.session_n_ttft * ttft + d.session_n_tpot * tpot}
 
     def _excess(self, df: pd.DataFrame, p: dict[str, np.ndarray]) -> np.ndarray:
@@ -439,10 +452,11 @@ class Screen:
         d, slo, pr = self.demand, self.plan.slo, self.cfg.pricing
         open_loop = self.plan.demand.agents is None
         agents = np.where(open_loop, p["lam_s"] * p["session_s"], df["agents_per_rack_in"])
-        # Saturated decode: the agents the loop cannot absorb wait for admission (Little).
+        # The agents the loop cannot absorb (decode full, or a prefill at its full-budget
+        # rate) wait for it (Little); open loop, a saturated decode never catches up.
         with np.errstate(divide="ignore", invalid="ignore"):
-            extra = np.where(saturated, np.inf if open_loop else np.maximum(
-                (agents / p["lam_s"] - p["session_s"]) / d.session_n_ttft, 0.0), 0.0)
+            extra = (np.where(saturated, np.inf, 0.0) if open_loop else np.maximum(
+                (agents / p["lam_s"] - p["session_s"]) / d.session_n_ttft, 0.0))
         rho, wait = p["rho"], p["wait"]
         w90, w50 = wait_quantile_s(wait, rho, 0.9), wait_quantile_s(wait, rho, 0.5)
         occupancy = n * df["decode_ranks"].to_numpy()
@@ -473,13 +487,18 @@ class Screen:
         out["interactivity_tok_s"] = df["accepted"].to_numpy() / t90 * 1e3
         # colocated, on the knife-edge: the P90 had it fallen on the other kind of step
         out["interactivity_edge_tok_s"] = df["accepted"].to_numpy() / edge * 1e3
-        # colocated: the first token's own quantiles; disaggregated: mean / P90 parts
+        # colocated: the rank's queue, then the first token's own quantiles; disaggregated:
+        # the prefill instance's quantile (a gamma of its mean and variance), the push's and
+        # the decode steps
         _, first50, first90 = self._first_token_ms(df, n, p["free"], prompts, (0.5, 0.9))
         colocated = (df["family"] == "colocated").to_numpy()
-        after50 = np.where(colocated, first50 / 1e3, p["after"])
-        after90 = np.where(colocated, first90 / 1e3, p["after90"])
-        out["ttft_p50_ms"] = (w50 + after50 + extra) * 1e3
-        out["ttft_p90_ms"] = (w90 + after90 + extra) * 1e3
+        pre50, pre90 = (gamma_quantile(p["prefill_mean"], p["prefill_var"], q) for q in (0.5, 0.9))
+        ttft50 = np.where(colocated, w50 + first50 / 1e3,
+                          pre50 + df["push_mean_s"].to_numpy() + p["lead"])
+        ttft90 = np.where(colocated, w90 + first90 / 1e3,
+                          pre90 + df["push_p90_s"].to_numpy() + p["lead"])
+        out["ttft_p50_ms"] = (ttft50 + extra) * 1e3
+        out["ttft_p90_ms"] = (ttft90 + extra) * 1e3
         out["revenue_usd_gpu_h"] = (cached * pr.cached_input_usd_per_mtok
                                     + uncached * pr.uncached_input_usd_per_mtok
                                     + output * pr.output_usd_per_mtok) * 3600 / 1e6

@@ -10,7 +10,7 @@
   least-loaded whether dual-batch overlap splits.
 * `PrefillSpeed`: a DEPn prefill instance's full-budget chunked step for a given mix of
   cached / uncached tokens per request (the engine's scheduling: `max_num_batched_tokens` per
-  rank per step, requests back to back) and the time of one request's own chunks.
+  rank per step, requests back to back) and a step's time as a line in its tokens.
 * `ColocatedSpeed`: a colocated instance's mean and busy step over decode requests per rank,
   with the prefill its decoding requests brought mixed into the steps (`ColocatedTable`).
 
@@ -166,14 +166,21 @@ class PrefillSpeed:
             got = self._memo[key] = (new / ms * 1e3, ms)
         return got
 
-    def own_ms(self, prompt: float, uncached: float) -> float:
-        """A request computed alone: its chunks one after another (ms)."""
+    def affine(self, prompt: float, uncached: float) -> tuple[float, float]:
+        """(fixed ms, ms per uncached token) of a step as a line through two steps of the mix
+        of `prompt`-token requests with `uncached` computed: the full-budget step (`rate`) and
+        one request's chunk of at most half the budget. A prefill step is close to affine in
+        its tokens at a given mix: at the mean step of GB300 DEP2 and DEP4 instances the line
+        is within 1 % of a least-squares line through their simulated steps (docs/planner.md)."""
+        per_s, full_ms = self.rate(prompt, uncached)
+        full = per_s * full_ms / 1e3
         u = max(uncached, 1.0)
-        chunks = math.ceil(u / self.budget)
-        new = u / chunks
-        cached = prompt - u
-        return sum(self._step_ms(new, cached + new * (j + 1), 1, prompt if j == 0 else 0)
-                   for j in range(chunks))
+        x = min(u, self.budget / 2)
+        one_ms = self._step_ms(x, prompt - u + x, 1, prompt)
+        if full - x < 1.0:  # one request fills every step (max_num_seqs 1): no line
+            return 0.0, full_ms / full
+        per_token = (full_ms - one_ms) / (full - x)
+        return one_ms - per_token * x, per_token
 
     def push_ms(self, prompt: float) -> float:
         """KV of a `prompt`-token request pushed to decode over NVLink (ms)."""

@@ -13,13 +13,26 @@ from hypothesis import strategies as st
 from plan_support import SMALL, compose_plan
 from scipy.stats import poisson
 
+from rackSim.perf import PrefillBatch
 from rackSim.plan.demand import profile_demand
 from rackSim.plan.inputs import load_hardware
 from rackSim.plan.layout import rack_layouts
-from rackSim.plan.queueing import mg1_wait_s, occupancy_quantile, wait_quantile_s
+from rackSim.plan.queueing import (
+    batched_prefill_s,
+    gamma_quantile,
+    mg1_wait_s,
+    occupancy_quantile,
+    wait_quantile_s,
+)
 from rackSim.plan.screen import KNIFE_EDGE_SHARE, Screen
 from rackSim.plan.spec import HardwareOption, Space
-from rackSim.plan.speeds import ColocatedTable, RankLoads, busy_share, decode_speed
+from rackSim.plan.speeds import (
+    ColocatedTable,
+    PrefillSpeed,
+    RankLoads,
+    busy_share,
+    decode_speed,
+)
 from rackSim.workload.graph import RequestSpec, SessionGraph
 from rackSim.workload.sources import load_sessions
 
@@ -53,6 +66,58 @@ def test_queueing_by_hand():
     assert np.isinf(over[0])
     # Poisson(10): P(N <= 13) = 0.864, P(N <= 14) = 0.917
     assert occupancy_quantile(np.array([10.0]), 0.9)[0] == 14
+
+
+def test_batched_prefill_by_hand():
+    """a 30 ms, b 10 us a token, 20 requests/s of E[u] 2,000 tokens, E[u^2] 2e7: Lambda
+    40,000 tokens/s, b Lambda 0.4, back-to-back steps of T = 0.03 / 0.6 = 50 ms with variance
+    1e-10 x 20 x 0.05 x 2e7 = 0.002 s^2, a gamma of shape 1.25 and scale 0.04; length-biased
+    L: mean 0.05 + 0.002 / 0.05 = 0.09, variance 2.25 x 0.04^2 = 0.0036. Every arrival finds
+    a step (20 x (0.03 + 0.02) = 1): the rest R = U L (mean 0.045, variance 0.0117 / 3 -
+    0.045^2), its own step 0.05 + 0.4 x 0.09 (variance b^2 Var u + b^2 lam E[u^2] E[L] +
+    0.4^2 Var L), and 2 Cov(R, own) = 0.4 Var L."""
+    args = [np.array([x]) for x in (20.0, 0.03, 1e-5, 2000.0, 2e7, 32768.0)]
+    mean, var = batched_prefill_s(*args)
+    assert mean[0] == pytest.approx(0.045 + 0.05 + 0.4 * 0.09, rel=1e-12)
+    rest_var = (0.0036 + 0.09 ** 2) / 3 - 0.045 ** 2
+    own_var = 1e-10 * (2e7 - 2000.0 ** 2) + 1e-10 * 20 * 2e7 * 0.09 + 0.16 * 0.0036
+    assert var[0] == pytest.approx(rest_var + own_var + 0.4 * 0.0036, rel=1e-9)
+    # light load: a request finds no step in progress and takes its own, a + b u
+    light, light_var = batched_prefill_s(np.array([1e-9]), *args[1:])
+    assert light[0] == pytest.approx(0.05, rel=1e-6)
+    assert light_var[0] == pytest.approx(1e-10 * (2e7 - 2000.0 ** 2), rel=1e-6)
+    # the full-budget rate is 32,768 / (0.03 + 0.32768) = 91,608 tokens/s: at 45.5 requests/s
+    # a mean step carries 30.3K tokens, at 46 it would carry 34.5K, beyond the budget
+    near, _ = batched_prefill_s(np.array([45.5]), *args[1:])
+    over, over_var = batched_prefill_s(np.array([46.0]), *args[1:])
+    assert np.isfinite(near[0]) and np.isinf(over[0]) and np.isinf(over_var[0])
+
+
+@pytest.mark.parametrize("uncached", [500.0, 2288.0, 8000.0])
+def test_a_prefill_step_is_a_line_in_its_tokens(small_inputs, uncached):
+    """`PrefillSpeed.affine` passes through the full-budget step and one request's chunk, and
+    prices batches of a quarter, half and three quarters of the budget within 1 % of the step
+    model (measured: within 0.5 % for DEP2 and DEP4 on GB200 and GB300)."""
+    pre = PrefillSpeed(small_inputs.scenario)
+    prompt = 30_000.0
+    fixed, per_token = pre.affine(prompt, uncached)
+    per_s, full_ms = pre.rate(prompt, uncached)
+    assert fixed + per_token * per_s * full_ms / 1e3 == pytest.approx(full_ms, rel=1e-9)
+    for share in (0.25, 0.5, 0.75):
+        k = max(1, round(share * pre.budget / uncached))
+        ms = pre.model.prefill_step(PrefillBatch(
+            new_tokens=int(k * uncached), attended_tokens=int(k * prompt), num_requests=k,
+            admitted_prompt_tokens=int(k * prompt), ranks=pre.gpus)).total_ms
+        assert fixed + per_token * k * uncached == pytest.approx(ms, rel=0.01)
+
+
+def test_gamma_quantile():
+    # variance mean^2: an exponential, P90 = -mean ln 0.1
+    assert gamma_quantile(np.array([2.0]), np.array([4.0]), 0.9)[0] == pytest.approx(
+        -2.0 * math.log(0.1), rel=1e-9)
+    # no spread: the mean; infinite: infinite
+    got = gamma_quantile(np.array([0.3, np.inf]), np.array([0.0, np.inf]), 0.9)
+    assert got[0] == 0.3 and np.isinf(got[1])
 
 
 @settings(max_examples=60, deadline=None)
@@ -177,8 +242,8 @@ def screened(small_inputs) -> tuple[pd.DataFrame, Screen]:
 
 def hand_point(r: pd.Series, screen: Screen) -> tuple[float, float, float]:
     """(requests/s, mean TTFT s, TPOT s) of a screened row, recomputed by hand from its
-    columns. Disaggregated: M/G/1 wait per prefill instance + own chunks + KV push + 1.5
-    decode steps. Colocated: M/G/1 wait per DP rank served at the budget its decode leaves
+    columns. Disaggregated: time at the batching prefill instance + KV push + 1.5 decode
+    steps. Colocated: M/G/1 wait per DP rank served at the budget its decode leaves
     per busy step + the rest of the step in progress + the request's own chunks' steps
     (`first_token_mean_ms`)."""
     d = screen.demand
@@ -192,17 +257,27 @@ def hand_point(r: pd.Series, screen: Screen) -> tuple[float, float, float]:
         free = speed.budget - n * (1 + speed.draft_tokens)
         lam_p, mu = lam / (r["colocated_instances"] * speed.ranks), free / busy * 1e3
         own = first_token_mean_ms(r, screen, table, n, free) / 1e3
-        lead = 0.0
-    else:
-        speed = screen.serving_speed(r["hardware"], r["family"], r["decode_gpus"],
-                                     r["decode_dbo"])
-        t_ms = speed.step_at(n)
-        lam_p, mu = lam / r["prefill_instances"], r["prefill_mu_tok_s"]
-        own = r["own_mean_s"] + r["push_mean_s"]
-        lead = 1.5 * t_ms / 1e3
-    rho = lam_p * r["uncached_mean"] / mu
-    wait = lam_p * r["uncached_sq_mean"] / mu ** 2 / (2 * (1 - rho))
-    return lam, wait + own + lead, t_ms / speed.accepted / 1e3
+        rho = lam_p * r["uncached_mean"] / mu
+        wait = lam_p * r["uncached_sq_mean"] / mu ** 2 / (2 * (1 - rho))
+        return lam, wait + own, t_ms / speed.accepted / 1e3
+    speed = screen.serving_speed(r["hardware"], r["family"], r["decode_gpus"], r["decode_dbo"])
+    t_ms = speed.step_at(n)
+    prefill = batched_prefill_mean_s(lam / r["prefill_instances"], r)
+    return lam, prefill + r["push_mean_s"] + 1.5 * t_ms / 1e3, t_ms / speed.accepted / 1e3
+
+
+def batched_prefill_mean_s(lam: float, r: pd.Series) -> float:
+    """A request's mean time at a batching prefill instance (s) by hand: steps of a + b x;
+    back to back they last T = a / (1 - b lam E[u]) with variance b^2 lam T E[u^2]; a
+    request arriving in one (share min(1, lam (a + b E[u]))) waits half the length-biased
+    step L = T + var / T, then takes a + b (E[u] + lam E[u] L); else a + b E[u]."""
+    a, b = r["prefill_fixed_ms"] / 1e3, r["prefill_ms_per_token"] / 1e3
+    u, u2 = r["uncached_mean"], r["uncached_sq_mean"]
+    step = a / (1 - b * lam * u)
+    length = step + b * b * lam * step * u2 / step
+    alone = a + b * u
+    busy = min(1.0, lam * alone)
+    return busy * (length / 2 + alone + b * lam * u * length) + (1 - busy) * alone
 
 
 def first_token_mean_ms(r: pd.Series, screen: Screen, table, n: float, free: float) -> float:
