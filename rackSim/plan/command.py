@@ -195,7 +195,8 @@ def method(inputs: PlanInputs, result: PlanResult) -> list[str]:
     return [
         f"Screen: {len(result.screened)} candidates in {result.screen_s:.1f} s, step times "
         f"from the {inputs.scenario.perf.model} step model, queueing bounds (Little, "
-        "M/G/1 prefill per instance, Poisson decode occupancy) - rackSim/plan/screen.py.",
+        "batching prefill instances, M/G/1 colocated ranks, Poisson decode occupancy) - "
+        "rackSim/plan/screen.py.",
         f"Confirmation: {len(result.confirmed)} candidates simulated by the engine through "
         f"hydra/launcher={c.launcher}, {c.window_s:g} s windows after "
         f"{c.warmup_requests_per_lane} warm-up requests per lane; session affinity routing.",
