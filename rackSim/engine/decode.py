@@ -77,7 +77,11 @@ class DecodeInstance:
         self.itl, self.in_window = itl, in_window
         self.trace_tokens = trace_tokens
         self.write_step = step_writer(name, model)  # StepLog.writer
-        self.ready: deque[Job] = deque()
+        #: per rank, its requests whose KV has arrived, in order of arrival (delivery
+        #: number, job); `n_ready` of them in all
+        self.ready: list[deque[tuple[int, Job]]] = [deque() for _ in range(ranks)]
+        self.n_ready = 0
+        self._delivered = 0
         self.n_req = [0] * ranks
         self.pending = [0] * ranks  # placed on the rank, KV not admitted yet
         self.load = [0] * ranks     # n_req + pending, kept up to date (rank choice)
@@ -126,7 +130,9 @@ class DecodeInstance:
     def deliver(self, job: Job) -> None:
         """KV of `job` is on its rank (push) or readable (pull): it may be admitted."""
         job.rec.kv_ready_s = self.env.now
-        self.ready.append(job)
+        self._delivered += 1
+        self.ready[job.decode_rank].append((self._delivered, job))
+        self.n_ready += 1
         if self._wake is not None:
             self._wake.succeed()
             self._wake = None
@@ -134,46 +140,57 @@ class DecodeInstance:
     # -- the step loop ---------------------------------------------------------------------
     def _admit(self, now: float
                ) -> tuple[list[Job], float, int, tuple[tuple[int, int, int], ...]]:
-        """Admit ready requests, FIFO, to the step starting at `now` (s); each DP rank's
-        scheduler admits at most `load_cap` new KV loads per step. Returns (admitted jobs,
+        """Admit ready requests to the step starting at `now` (s). Each DP rank's scheduler
+        takes its own ready requests in order, as many as it has free slots and at most
+        `load_cap` new KV loads a step; one whose context its KV cache cannot hold waits, and
+        so do the rank's later ones. With a cap, the instance admits at most `load_cap` x
+        ranks a step, the earliest delivered first. Returns (admitted jobs in delivery order,
         pull stall in ms, their prompt tokens, per admitting rank (requests, prompt tokens,
         KV blocks received))."""
-        ready = self.ready
+        cap, max_seqs, n_req = self.load_cap, self.max_seqs, self.n_req
+        taken: list[tuple[int, Job]] = []
+        for r, queue in enumerate(self.ready):
+            if queue:
+                room = max_seqs - n_req[r]
+                if cap is not None and cap < room:
+                    room = cap
+                for _ in range(min(room, len(queue))):
+                    taken.append(queue.popleft())
+        if not taken:
+            return [], 0.0, 0, ()
+        taken.sort()
+        limit = len(taken) if cap is None else cap * self.ranks
+        for seq_job in reversed(taken[limit:]):  # beyond the instance's cap: next step
+            self.ready[seq_job[1].decode_rank].appendleft(seq_job)
         admitted: list[Job] = []
         # rank -> [requests, prompt tokens, blocks, bytes, remote blocks, remote bytes]
         by_rank: dict[int, list] = {}
+        held: dict[int, list[tuple[int, Job]]] = {}  # ranks whose cache is full: their rest
         prompt_tokens = 0
         per_token = self.kv_bytes_per_token
-        cap = self.load_cap
-        limit = cap * self.ranks if cap is not None else len(ready)
-        skipped: list[Job] = []
-        max_skipped = 4 * self.ranks
-        n_req, caches, enter = self.n_req, self.caches, self._enter
-        max_seqs, step = self.max_seqs, self.step
-        while ready and len(admitted) < limit:
-            job = ready.popleft()
+        caches, enter, step = self.caches, self._enter, self.step
+        for seq_job in taken[:limit]:
+            job = seq_job[1]
             r = job.decode_rank
-            acc = by_rank.get(r)
-            if n_req[r] >= max_seqs or (cap is not None and acc is not None and acc[0] >= cap):
-                full = None
-            else:
+            wait = held.get(r)
+            if wait is None:
                 full = job.inst.context_path(job.spec.rid)
                 cache = caches[r]
-                if not cache.can_hold(full):
-                    full = None
-            if full is None:
-                skipped.append(job)
-                if len(skipped) >= max_skipped:
-                    break
+                if cache.can_hold(full):
+                    cache.insert(full)
+                    cache.pin(full)
+                    job.path = full
+                else:
+                    wait = held[r] = []
+            if wait is not None:
+                wait.append(seq_job)
                 continue
-            cache.insert(full)
-            cache.pin(full)
-            job.path = full
             enter(job, r, step, now)
             rec = job.rec
             prompt_tokens += job.prompt_tokens
             nbytes = rec.kv_bytes_moved
             blocks = kv_blocks(round(nbytes / per_token))
+            acc = by_rank.get(r)
             if acc is None:
                 acc = by_rank[r] = [1, job.prompt_tokens, 0, 0.0, 0, 0.0]
             else:
@@ -186,8 +203,9 @@ class DecodeInstance:
                 acc[2] += blocks
                 acc[3] += nbytes
             admitted.append(job)
-        if skipped:
-            ready.extendleft(reversed(skipped))
+        for r, wait in held.items():
+            self.ready[r].extendleft(reversed(wait))
+        self.n_ready -= len(admitted)
         accs = by_rank.values()
         stall = (self.read_stall_ms((acc[2], acc[3], acc[4], acc[5]) for acc in accs)
                  if self.read_stall_ms else 0.0)
@@ -270,17 +288,17 @@ class DecodeInstance:
         env, a, draft_tokens = self.env, self.a, self.draft_tokens
         write_step, price, again = (self.write_step, self.model.decode_step,
                                     self.model.decode_repeat)
-        running, ready, n_req, finish = self.running, self.ready, self.n_req, self._finish
+        running, n_req, finish = self.running, self.n_req, self._finish
         peek, emit, advance = env.peek, self._emit, self._advance
         no_jobs: list[Job] = []
         no_ranks: tuple[tuple[int, int, int], ...] = ()
         clock = env.now
         while True:
-            if not running and not ready:
+            if not running and not self.n_ready:
                 self._wake = env.event()
                 yield self._wake
                 clock = env.now
-            if ready:
+            if self.n_ready:
                 admitted, stall_ms, prompt_tokens, by_rank = self._admit(clock)
             else:
                 admitted, stall_ms, prompt_tokens, by_rank = no_jobs, 0.0, 0, no_ranks

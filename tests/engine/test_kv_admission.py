@@ -81,3 +81,27 @@ def test_the_kv_load_cap_applies_to_each_ranks_scheduler(smoke_cfg, cap):
     assert max(per_rank.values()) == cap
     # the instance admits more than `cap` in one step: each of its 4 ranks admits up to `cap`
     assert cap < max(per_step.values()) <= 4 * cap
+
+
+def test_a_full_instance_refills_every_freed_slot(smoke_cfg):
+    """Each DP rank admits its own ready requests into its free slots, as vLLM's per-rank
+    schedulers do: with far more clients than slots (16 ranks of 2, 1,500 clients) every
+    step of the run's second half holds all 32 slots. (One FIFO scan over every rank's
+    requests that gave up after 64 skipped ones held 27.6 on average, full in 0.4 % of the
+    steps.) And a rank takes its requests in the order their KV arrived."""
+    cfg = with_changes(smoke_cfg, deployment={"decode": {"gpus": 16, "max_num_seqs_per_rank": 2}},
+                       workload={"num_sessions": 200,
+                                 "replay": {"concurrency": 1500, "window_s": 20.0}})
+    out = _sim(cfg).run(progress=False)
+    steps = out.steps.frame()
+    decode = steps[steps["instance"] == "decode"]
+    late = decode[decode["start_s"] > decode["start_s"].max() / 2]
+    assert len(late) > 1000 and (late["decode_requests"] == 32).all()
+    by_rank = defaultdict(list)
+    for r in out.requests:
+        if r.decode_start_s == r.decode_start_s:  # admitted (not NaN)
+            by_rank[r.decode_rank].append((r.kv_ready_s, r.decode_start_s))
+    assert len(by_rank) == 16
+    for admitted in by_rank.values():
+        starts = [start for _, start in sorted(admitted)]
+        assert starts == sorted(starts)
