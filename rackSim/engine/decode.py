@@ -81,6 +81,7 @@ class DecodeInstance:
         #: number, job); `n_ready` of them in all
         self.ready: list[deque[tuple[int, Job]]] = [deque() for _ in range(ranks)]
         self.n_ready = 0
+        self._waiting: set[int] = set()  # ranks with ready requests
         self._delivered = 0
         self.n_req = [0] * ranks
         self.pending = [0] * ranks  # placed on the rank, KV not admitted yet
@@ -132,6 +133,7 @@ class DecodeInstance:
         job.rec.kv_ready_s = self.env.now
         self._delivered += 1
         self.ready[job.decode_rank].append((self._delivered, job))
+        self._waiting.add(job.decode_rank)
         self.n_ready += 1
         if self._wake is not None:
             self._wake.succeed()
@@ -147,21 +149,21 @@ class DecodeInstance:
         ranks a step, the earliest delivered first. Returns (admitted jobs in delivery order,
         pull stall in ms, their prompt tokens, per admitting rank (requests, prompt tokens,
         KV blocks received))."""
-        cap, max_seqs, n_req = self.load_cap, self.max_seqs, self.n_req
+        cap, max_seqs, n_req, ready = self.load_cap, self.max_seqs, self.n_req, self.ready
         taken: list[tuple[int, Job]] = []
-        for r, queue in enumerate(self.ready):
-            if queue:
-                room = max_seqs - n_req[r]
-                if cap is not None and cap < room:
-                    room = cap
-                for _ in range(min(room, len(queue))):
-                    taken.append(queue.popleft())
+        for r in self._waiting:
+            queue = ready[r]
+            room = max_seqs - n_req[r]
+            if cap is not None and cap < room:
+                room = cap
+            for _ in range(min(room, len(queue))):
+                taken.append(queue.popleft())
         if not taken:
             return [], 0.0, 0, ()
         taken.sort()
         limit = len(taken) if cap is None else cap * self.ranks
         for seq_job in reversed(taken[limit:]):  # beyond the instance's cap: next step
-            self.ready[seq_job[1].decode_rank].appendleft(seq_job)
+            ready[seq_job[1].decode_rank].appendleft(seq_job)
         admitted: list[Job] = []
         # rank -> [requests, prompt tokens, blocks, bytes, remote blocks, remote bytes]
         by_rank: dict[int, list] = {}
@@ -204,7 +206,8 @@ class DecodeInstance:
                 acc[3] += nbytes
             admitted.append(job)
         for r, wait in held.items():
-            self.ready[r].extendleft(reversed(wait))
+            ready[r].extendleft(reversed(wait))
+        self._waiting = {r for r in self._waiting if ready[r]}
         self.n_ready -= len(admitted)
         accs = by_rank.values()
         stall = (self.read_stall_ms((acc[2], acc[3], acc[4], acc[5]) for acc in accs)
