@@ -151,19 +151,27 @@ class DecodeInstance:
         KV blocks received))."""
         cap, max_seqs, n_req, ready = self.load_cap, self.max_seqs, self.n_req, self.ready
         taken: list[tuple[int, Job]] = []
+        emptied: list[int] = []
         for r in self._waiting:
             queue = ready[r]
             room = max_seqs - n_req[r]
             if cap is not None and cap < room:
                 room = cap
-            for _ in range(min(room, len(queue))):
-                taken.append(queue.popleft())
+            if room >= len(queue):
+                taken.extend(queue)
+                queue.clear()
+                emptied.append(r)
+            else:
+                for _ in range(room):
+                    taken.append(queue.popleft())
         if not taken:
             return [], 0.0, 0, ()
-        taken.sort()
-        limit = len(taken) if cap is None else cap * self.ranks
-        for seq_job in reversed(taken[limit:]):  # beyond the instance's cap: next step
-            ready[seq_job[1].decode_rank].appendleft(seq_job)
+        if len(taken) > 1:
+            taken.sort()
+        if cap is not None and len(taken) > cap * self.ranks:  # beyond the instance's cap
+            for seq_job in reversed(taken[cap * self.ranks:]):
+                ready[seq_job[1].decode_rank].appendleft(seq_job)
+            del taken[cap * self.ranks:]
         admitted: list[Job] = []
         # rank -> [requests, prompt tokens, blocks, bytes, remote blocks, remote bytes]
         by_rank: dict[int, list] = {}
@@ -171,7 +179,7 @@ class DecodeInstance:
         prompt_tokens = 0
         per_token = self.kv_bytes_per_token
         caches, enter, step = self.caches, self._enter, self.step
-        for seq_job in taken[:limit]:
+        for seq_job in taken:
             job = seq_job[1]
             r = job.decode_rank
             wait = held.get(r)
@@ -207,7 +215,10 @@ class DecodeInstance:
             admitted.append(job)
         for r, wait in held.items():
             ready[r].extendleft(reversed(wait))
-        self._waiting = {r for r in self._waiting if ready[r]}
+        waiting = self._waiting
+        for r in emptied:
+            if not ready[r]:
+                waiting.discard(r)
         self.n_ready -= len(admitted)
         accs = by_rank.values()
         stall = (self.read_stall_ms((acc[2], acc[3], acc[4], acc[5]) for acc in accs)
