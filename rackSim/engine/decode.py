@@ -78,9 +78,8 @@ class DecodeInstance:
         self.trace_tokens = trace_tokens
         self.write_step = step_writer(name, model)  # StepLog.writer
         #: per rank, its requests whose KV has arrived, in order of arrival (delivery
-        #: number, job); `n_ready` of them in all
+        #: number, job)
         self.ready: list[deque[tuple[int, Job]]] = [deque() for _ in range(ranks)]
-        self.n_ready = 0
         self._waiting: set[int] = set()  # ranks with ready requests
         self._delivered = 0
         self.n_req = [0] * ranks
@@ -134,7 +133,6 @@ class DecodeInstance:
         self._delivered += 1
         self.ready[job.decode_rank].append((self._delivered, job))
         self._waiting.add(job.decode_rank)
-        self.n_ready += 1
         if self._wake is not None:
             self._wake.succeed()
             self._wake = None
@@ -219,7 +217,6 @@ class DecodeInstance:
         for r in emptied:
             if not ready[r]:
                 waiting.discard(r)
-        self.n_ready -= len(admitted)
         accs = by_rank.values()
         stall = (self.read_stall_ms((acc[2], acc[3], acc[4], acc[5]) for acc in accs)
                  if self.read_stall_ms else 0.0)
@@ -308,11 +305,11 @@ class DecodeInstance:
         no_ranks: tuple[tuple[int, int, int], ...] = ()
         clock = env.now
         while True:
-            if not running and not self.n_ready:
+            if not running and not self._waiting:
                 self._wake = env.event()
                 yield self._wake
                 clock = env.now
-            if self.n_ready:
+            if self._waiting:
                 admitted, stall_ms, prompt_tokens, by_rank = self._admit(clock)
             else:
                 admitted, stall_ms, prompt_tokens, by_rank = no_jobs, 0.0, 0, no_ranks
