@@ -67,7 +67,7 @@ def batched_prefill_s(lam: np.ndarray, fixed_s: np.ndarray, per_token_s: np.ndar
         step = np.where(load < 1, a / (1 - load), np.inf)
         var = b * b * lam * step * u2
         lb_mean = step + np.where(var > 0, var / step, 0.0)  # length-biased step
-        lb_var = np.where(var > 0, (step * step / var + 1) * (var / step) ** 2, 0.0)
+        lb_var = np.where(var > 0, var + (var / step) ** 2, 0.0)  # a gamma's (k + 1) theta^2
         rest_mean, rest_var = lb_mean / 2, (lb_var + lb_mean ** 2) / 3 - (lb_mean / 2) ** 2
         alone_mean, alone_var = a + b * u, b * b * (u2 - u * u)
         own_mean = alone_mean + load * lb_mean
