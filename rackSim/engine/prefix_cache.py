@@ -1,18 +1,39 @@
 """Prefix caches over 64-token KV blocks, tracked per prefix-tree node (see workload.graph).
 
-A node's residency is the number of its blocks resident counted from its first block, so a
-lookup walks the prompt path and stops at the first node not resident far enough: O(depth).
-Nodes are LRU-ordered; a path is touched deepest node first, so an ancestor is always more
-recent than its descendants and eviction removes leaves before the prefixes they extend
-(vLLM frees a request's blocks in reverse order for the same reason). Blocks of requests in
-flight are pinned and never evicted.
+A node's residency is the number of its blocks resident counted from its first block. Paths
+are root paths of one prefix tree: a node has one parent, and every path through a child
+covers the same blocks of its parent (the branch point). Residency is then prefix-closed
+along any path: a node is resident only while its parent holds the blocks its path covers,
+so a lookup stops at the first node not resident far enough, found by bisection on deep
+paths (O(log depth) reads; an agent that re-sends part of each response branches every
+turn, and its paths grow a node a turn).
+
+Eviction is LRU over nodes as if each insert touched its path deepest node first: an
+ancestor is always more recent than its descendants, and eviction removes leaves before the
+prefixes they extend (vLLM frees a request's blocks in reverse order for the same reason).
+An insert stamps only the deepest resident node of its path; a node's recency is the
+newest stamp in its subtree, so only leaves of the resident tree can be least recent. They
+wait in a heap keyed (stamp, -depth); an evicted leaf hands its stamp to its parent, which
+joins the heap when its last resident child goes. Blocks of requests in flight are pinned
+and never evicted.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from heapq import heapify, heappop, heappush
+from itertools import islice
+from operator import itemgetter
 
 from rackSim.workload.graph import PromptPath
+
+#: Paths up to this many nodes are walked; deeper ones bisected.
+WALK_DEPTH = 8
+_blocks = itemgetter(1)
+
+
+def _sum_blocks(path: PromptPath, stop: int | None = None) -> int:
+    """Blocks of `path`'s first `stop` nodes (all of them by default)."""
+    return sum(map(_blocks, path if stop is None else islice(path, stop)))
 
 
 class BlockCache:
@@ -25,32 +46,63 @@ class BlockCache:
         self.used = 0
         self.pinned = 0  # resident blocks of pinned nodes
         self._res: dict[int, int] = {}
-        self._lru: OrderedDict[int, None] = OrderedDict()
         self._pins: dict[int, int] = {}
+        #: resident node -> [stamp, depth, parent (None for a root), resident children];
+        #: the stamp is exact for leaves, a lower bound for inner nodes
+        self._node: dict[int, list] = {}
+        self._leaves: list[tuple[int, int, int]] = []  # (stamp, -depth, node), some stale
+        self._stamp = 0
 
     def resident(self, node: int) -> int:
         return self._res.get(node, 0)
 
+    def _short_at(self, path: PromptPath) -> int:
+        """Index of the first node of `path` not resident as far as the path covers it
+        (len(path) if every node is)."""
+        res = self._res
+        n = len(path)
+        if n <= WALK_DEPTH:
+            for i, (node, blocks) in enumerate(path):
+                if res.get(node, 0) < blocks:
+                    return i
+            return n
+        # A trace's last node may cover no full block: any cache holds that much of it, so
+        # it says nothing of the nodes above it.
+        end = n
+        while end > 1 and path[end - 1][1] == 0:
+            end -= 1
+        node, blocks = path[end - 1]
+        if res.get(node, 0) >= blocks:
+            return n
+        lo, hi = 0, end - 1  # path[hi] is short
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            node, blocks = path[mid]
+            if res.get(node, 0) >= blocks:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     def lookup(self, path: PromptPath) -> int:
         """Blocks of `path`'s prefix resident here."""
-        hit = 0
         res = self._res
-        for node, blocks in path:
-            r = res.get(node, 0)
-            if r < blocks:
-                return hit + r
-            hit += blocks
-        return hit
+        if len(path) <= WALK_DEPTH:
+            hit = 0
+            for node, blocks in path:
+                r = res.get(node, 0)
+                if r < blocks:
+                    return hit + r
+                hit += blocks
+            return hit
+        i = self._short_at(path)
+        if i == len(path):
+            return _sum_blocks(path)
+        return _sum_blocks(path, i) + res.get(path[i][0], 0)
 
     def missing(self, path: PromptPath) -> int:
         """Blocks `insert(path)` would add."""
-        res = self._res
-        need = 0
-        for node, blocks in path:
-            have = res.get(node, 0)
-            if blocks > have:
-                need += blocks - have
-        return need
+        return _sum_blocks(path) - self.lookup(path)
 
     def can_hold(self, path: PromptPath) -> bool:
         """Whether `path` fits after evicting every unpinned block not on it."""
@@ -66,21 +118,21 @@ class BlockCache:
     def insert(self, path: PromptPath) -> list[tuple[int, int]]:
         """Make `path` resident (as far as capacity allows) and most recent.
 
-        Returns the evicted (node, blocks), for demotion to a lower tier.
+        Returns the evicted (node, blocks), least recent first, for demotion to a lower tier.
         """
         evicted: list[tuple[int, int]] = []
-        res, lru = self._res, self._lru
-        need = 0
-        for node, blocks in path:
-            have = res.get(node, 0)
-            if blocks > have:
-                need += blocks - have
-        if need:  # otherwise every node is resident far enough: only the LRU order changes
+        res, nodes = self._res, self._node
+        n = len(path)
+        first = self._short_at(path)
+        deepest = first - 1  # the deepest node resident after the insert
+        if first < n:
+            need = _sum_blocks(islice(path, first, None)) - res.get(path[first][0], 0)
             if need > self.capacity - self.used:
-                evicted = self._evict(need - (self.capacity - self.used), {n for n, _ in path})
+                evicted = self._evict(need - (self.capacity - self.used), path)
             room = self.capacity - self.used
             pins = self._pins
-            for node, blocks in path:  # grow root first so residency stays prefix-closed
+            for j in range(first, n):  # grow root first so residency stays prefix-closed
+                node, blocks = path[j]
                 have = res.get(node, 0)
                 add = blocks - have
                 if add > room:
@@ -91,32 +143,67 @@ class BlockCache:
                     room -= add
                     if pins.get(node):
                         self.pinned += add
+                    if not have:
+                        parent = path[j - 1][0] if j else None
+                        nodes[node] = [0, j, parent, 0]
+                        if parent is not None:
+                            p = nodes.get(parent)
+                            if p is not None:
+                                p[3] += 1
+                if have + add > 0:
+                    deepest = j
                 if have + add < blocks:
                     break
-        for node, _ in reversed(path):
-            if node in res:
-                if node in lru:
-                    lru.move_to_end(node)
-                else:
-                    lru[node] = None
+        while deepest >= 0 and path[deepest][0] not in nodes:  # a last node of no blocks
+            deepest -= 1
+        if deepest >= 0:
+            self._stamp += 1
+            entry = nodes[path[deepest][0]]
+            entry[0] = self._stamp
+            if not entry[3]:
+                leaves = self._leaves
+                heappush(leaves, (self._stamp, -entry[1], path[deepest][0]))
+                if len(leaves) > 2 * len(nodes) + 64:
+                    self._compact()
         return evicted
 
-    def _evict(self, blocks: int, keep: set[int]) -> list[tuple[int, int]]:
-        victims = []
+    def _compact(self) -> None:
+        """Drop stale heap entries: one per resident leaf is left."""
+        self._leaves = [(e[0], -e[1], node) for node, e in self._node.items() if not e[3]]
+        heapify(self._leaves)
+
+    def _evict(self, blocks: int, path: PromptPath) -> list[tuple[int, int]]:
+        """Free at least `blocks` (if unpinned blocks off `path` allow), least recent first."""
+        leaves, nodes, res, pins = self._leaves, self._node, self._res, self._pins
+        n = len(path)
         freed = 0
-        for node in self._lru:  # least recent first
-            if freed >= blocks:
-                break
-            if node in keep or self._pins.get(node):
+        out: list[tuple[int, int]] = []
+        skipped = []
+        while freed < blocks and leaves:
+            item = heappop(leaves)
+            stamp, neg_depth, node = item
+            e = nodes.get(node)
+            if e is None or e[3] or e[0] != stamp:
+                continue  # stale: evicted, no longer a leaf, or stamped since
+            if pins.get(node) or (-neg_depth < n and path[-neg_depth][0] == node):
+                skipped.append(item)
                 continue
-            victims.append(node)
-            freed += self._res[node]
-        out = []
-        for node in victims:
-            n = self._res.pop(node)
-            del self._lru[node]
-            self.used -= n
-            out.append((node, n))
+            held = res.pop(node)
+            del nodes[node]
+            self.used -= held
+            freed += held
+            out.append((node, held))
+            parent = e[2]
+            if parent is not None:
+                p = nodes.get(parent)
+                if p is not None:
+                    p[3] -= 1
+                    if stamp > p[0]:
+                        p[0] = stamp
+                    if not p[3]:
+                        heappush(leaves, (p[0], -p[1], parent))
+        for item in skipped:
+            heappush(leaves, item)
         return out
 
     def pin(self, path: PromptPath) -> None:
@@ -138,7 +225,8 @@ class BlockCache:
                 pins[node] = c
 
     def demote(self, nodes: list[tuple[int, int]]) -> None:
-        """Accept blocks evicted from the tier above (each node from its first block)."""
+        """Accept blocks evicted from the tier above (each node from its first block, as a
+        root of its own here)."""
         for node, blocks in nodes:
             self.insert(((node, blocks),))
 
@@ -154,11 +242,13 @@ class TieredPrefixCache:
         """(blocks hit in GPU memory, further blocks hit in host memory) along `path`."""
         if self.host is None or self.host.used == 0:
             return self.gpu.lookup(path), 0
-        # one walk for both: the GPU prefix stops at or before the GPU-or-host prefix
+        # The GPU's prefix ends at its first short node; from there on, one walk for both
+        # (the GPU or host prefix ends at or after it).
         gres, hres = self.gpu._res, self.host._res
-        gpu = hit = 0
+        first = self.gpu._short_at(path) if len(path) > WALK_DEPTH else 0
+        gpu = hit = _sum_blocks(path, first) if first else 0
         on_gpu = True
-        for node, blocks in path:
+        for node, blocks in islice(path, first, None):
             g = gres.get(node, 0)
             if on_gpu:
                 if g < blocks:

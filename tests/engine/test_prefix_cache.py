@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rackSim.engine.prefix_cache import BlockCache, TieredPrefixCache
+from rackSim.engine.prefix_cache import WALK_DEPTH, BlockCache, TieredPrefixCache
 
 
 def test_lookup_counts_prefix_only():
@@ -14,7 +16,7 @@ def test_lookup_counts_prefix_only():
     assert c.lookup(((1, 10), (2, 5))) == 15
     assert c.lookup(((1, 10), (2, 8), (3, 4))) == 15  # node 2 only 5 deep: stop there
     assert c.lookup(((1, 4),)) == 4
-    assert c.lookup(((9, 4), (1, 10))) == 0  # a different root shares nothing
+    assert c.lookup(((9, 4), (5, 10))) == 0  # a different root shares nothing
     assert c.used == 15
 
 
@@ -53,22 +55,137 @@ def test_host_tier_holds_what_gpu_evicted():
     assert t.lookup(((2, 10),)) == (10, 0)
 
 
-paths = st.lists(st.lists(st.tuples(st.integers(0, 12), st.integers(1, 9)), min_size=1,
-                          max_size=4), min_size=1, max_size=30)
+class LinearLru:
+    """The oracle: every operation walks the whole path, and an insert touches the path's
+    resident nodes deepest first in one LRU list (what BlockCache must match on paths of one
+    prefix tree, whatever their depth)."""
+
+    def __init__(self, capacity: int):
+        self.capacity, self.used, self.pinned = capacity, 0, 0
+        self.res: dict[int, int] = {}
+        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.pins: dict[int, int] = {}
+
+    def lookup(self, path) -> int:
+        hit = 0
+        for node, blocks in path:
+            r = self.res.get(node, 0)
+            if r < blocks:
+                return hit + r
+            hit += blocks
+        return hit
+
+    def can_hold(self, path) -> bool:
+        need = sum(max(0, b - self.res.get(n, 0)) for n, b in path)
+        unpinned = sum(self.res.get(n, 0) for n, _ in path if not self.pins.get(n))
+        return (need <= self.capacity - self.used
+                or need <= self.capacity - self.pinned - unpinned)
+
+    def insert(self, path) -> list[tuple[int, int]]:
+        need = sum(max(0, b - self.res.get(n, 0)) for n, b in path)
+        out = []
+        if need > self.capacity - self.used:
+            keep, freed = {n for n, _ in path}, 0
+            for node in list(self.lru):
+                if freed >= need - (self.capacity - self.used):
+                    break
+                if node not in keep and not self.pins.get(node):
+                    out.append((node, self.res[node]))
+                    freed += self.res[node]
+            for node, b in out:
+                del self.res[node], self.lru[node]
+                self.used -= b
+        room = self.capacity - self.used
+        for node, blocks in path:
+            have = self.res.get(node, 0)
+            add = min(blocks - have, room)
+            if add > 0:
+                self.res[node] = have + add
+                self.used += add
+                room -= add
+                if self.pins.get(node):
+                    self.pinned += add
+            if have + max(add, 0) < blocks:
+                break
+        for node, _ in reversed(path):
+            if node in self.res:
+                self.lru[node] = None
+                self.lru.move_to_end(node)
+        return out
+
+    def pin(self, path) -> None:
+        for node, _ in path:
+            if not self.pins.get(node):
+                self.pinned += self.res.get(node, 0)
+            self.pins[node] = self.pins.get(node, 0) + 1
+
+    def unpin(self, path) -> None:
+        for node, _ in path:
+            self.pins[node] -= 1
+            if not self.pins[node]:
+                del self.pins[node]
+                self.pinned -= self.res.get(node, 0)
 
 
-@settings(max_examples=60, deadline=None)
-@given(ops=paths, cap=st.integers(0, 40))
-def test_capacity_and_accounting_hold(ops, cap):
-    c = BlockCache(cap)
-    for raw in ops:
-        seen, path = set(), []
-        for n, b in raw:  # a path visits each node once
-            if n not in seen:
-                seen.add(n)
-                path.append((n, b))
-        path = tuple(path)
-        c.insert(path)
-        assert c.used <= cap
-        assert c.used == sum(c.resident(n) for n in range(13))
-        assert 0 <= c.lookup(path) <= sum(b for _, b in path)
+@st.composite
+def tree_workloads(draw):
+    """A prefix tree (mostly long chains, as an agent that branches every turn makes) and
+    operations on root paths of it: each node's parent and branch point are fixed."""
+    n = draw(st.integers(1, 40))
+    parent = [-1] + [draw(st.sampled_from([-1, i - 1, i - 1, i - 1, draw(st.integers(0, i - 1))]))
+                     for i in range(1, n)]
+    branch = [draw(st.integers(1, 6)) for _ in range(n)]  # blocks of a node its children cover
+
+    def path(node: int, last: int):
+        chain = [(node, last)]
+        while parent[chain[-1][0]] >= 0:
+            chain.append((parent[chain[-1][0]], branch[chain[-1][0]]))
+        return tuple(reversed(chain))
+
+    ops = draw(st.lists(st.tuples(st.sampled_from(["insert", "insert", "pin", "unpin", "hold"]),
+                                  st.integers(0, n - 1), st.integers(0, 8)), max_size=60))
+    # a trace's last node may cover no full block (a prompt ending inside its first block)
+    return [(op, path(node, last)) for op, node, last in ops]
+
+
+@settings(max_examples=150, deadline=None)
+@given(work=tree_workloads(), cap=st.integers(0, 60))
+def test_block_cache_matches_a_linear_lru_on_any_tree(work, cap):
+    """Bisected lookups and the heap of leaves evict what a full walk and one LRU list would,
+    in the same order, on paths deeper than the walked ones."""
+    c, ref = BlockCache(cap), LinearLru(cap)
+    pinned = []
+    for op, path in work:
+        if op == "insert":
+            assert c.insert(path) == ref.insert(path)
+        elif op == "pin":
+            c.pin(path), ref.pin(path)
+            pinned.append(path)
+        elif op == "unpin" and pinned:
+            done = pinned.pop(0)
+            c.unpin(done), ref.unpin(done)
+        assert c.can_hold(path) == ref.can_hold(path)
+        assert c.lookup(path) == ref.lookup(path)
+        assert c.missing(path) == sum(max(0, b - ref.res.get(n, 0)) for n, b in path)
+        assert (c.used, c.pinned) == (ref.used, ref.pinned) and c.used <= cap
+        assert {n: c.resident(n) for n in range(40)} == {n: ref.res.get(n, 0) for n in range(40)}
+
+
+def test_deep_chains_are_bisected_and_evicted_leaf_first():
+    """A session that branches every turn: a path grows a node a turn, far past the walked
+    depth; evicting the oldest session takes its deepest nodes first."""
+    c, ref = BlockCache(400), LinearLru(400)
+    sessions = {s: [] for s in range(3)}
+    for turn in range(60):
+        for s, chain in sessions.items():
+            chain.append((1000 * s + turn, 2))
+            path = tuple(chain[:-1]) + ((chain[-1][0], 3),)
+            if s < 2 or turn % 3 == 0:
+                assert c.insert(path) == ref.insert(path)
+            assert c.lookup(path) == ref.lookup(path)
+    assert max(len(p) for p in sessions.values()) > 4 * WALK_DEPTH
+    assert c.used == ref.used > 390 and c._res == ref.res
+    # the session extended least recently lost its deepest turns, and only those
+    kept = [t for t in range(60) if c.resident(2000 + t)]
+    assert kept == list(range(len(kept))) and 0 < len(kept) < 57
+    assert all(c.resident(1000 * s + t) for s in (0, 1) for t in range(60))
