@@ -16,7 +16,9 @@ the same request and step tables (a hash of both frames): a speed change must no
 results.
 
 Cases: `reference` (the reference scenario, `--window-s` of window), `fleet` (14 full racks of
-`fleet_full_rack` at the reference per-GPU load), `mooncake` (the Mooncake conversation trace,
+`fleet_full_rack` at the reference per-GPU load), `headline` (the scenario fitted to the
+published headline, `workload=agentx_fitted deployment=agentx_fitted`, `--window-s` of window:
+~10K agents whose sessions branch every turn), `mooncake` (the Mooncake conversation trace,
 one hour open loop), `mooncake-process` (the same as a whole `racksim` run).
 
 `--python PYTHON` runs this tree's cases with another interpreter (an environment with
@@ -98,6 +100,9 @@ print(json.dumps({"cpu_s": cpu, "events": out.events, "requests": len(out.reques
 def overrides(case: str, window_s: float) -> list[str]:
     if case == "reference":
         return [f"workload.replay.window_s={window_s}"]
+    if case == "headline":
+        return ["workload=agentx_fitted", "deployment=agentx_fitted",
+                f"workload.replay.window_s={window_s}"]
     if case == "fleet":
         return [*fleet_overrides("fleet_full_rack", 14, []),
                 f"workload.replay.window_s={window_s}"]
@@ -167,10 +172,10 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", required=True, help="git revision to compare against")
     ap.add_argument("--cases", nargs="+", default=["reference", "mooncake"],
-                    choices=["reference", "fleet", "mooncake", "mooncake-process"])
+                    choices=["reference", "fleet", "headline", "mooncake", "mooncake-process"])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--window-s", type=float, default=300.0,
-                    help="measurement window of the reference and fleet cases (sim s)")
+                    help="measurement window of the reference, fleet and headline cases (sim s)")
     ap.add_argument("--instructions", action="store_true",
                     help="count the event loop's instructions under valgrind instead of "
                     "timing it (deterministic: one run per tree; 50-100x slower)")
