@@ -20,15 +20,28 @@ and never evicted.
 
 from __future__ import annotations
 
+from collections import deque
 from heapq import heapify, heappop, heappush
-from itertools import islice
+from itertools import islice, repeat
 from operator import itemgetter
 
 from rackSim.workload.graph import PromptPath
 
 #: Paths up to this many nodes are walked; deeper ones bisected.
 WALK_DEPTH = 8
-_blocks = itemgetter(1)
+_node_key, _blocks = itemgetter(0), itemgetter(1)
+
+
+class _Node:
+    """A resident node's place in the LRU order and the tree."""
+
+    __slots__ = ("stamp", "depth", "parent", "children")
+
+    def __init__(self, depth: int, parent: int | None):
+        self.stamp = 0  # exact for a leaf, a lower bound for an inner node
+        self.depth = depth
+        self.parent = parent  # None for a root
+        self.children = 0  # resident ones
 
 
 def _sum_blocks(path: PromptPath, stop: int | None = None) -> int:
@@ -47,10 +60,9 @@ class BlockCache:
         self.pinned = 0  # resident blocks of pinned nodes
         self._res: dict[int, int] = {}
         self._pins: dict[int, int] = {}
-        #: resident node -> [stamp, depth, parent (None for a root), resident children];
-        #: the stamp is exact for leaves, a lower bound for inner nodes
-        self._node: dict[int, list] = {}
+        self._node: dict[int, _Node] = {}  # per resident node
         self._leaves: list[tuple[int, int, int]] = []  # (stamp, -depth, node), some stale
+        self._leaves_limit = 64  # compact the heap past this many entries
         self._stamp = 0
 
     def resident(self, node: int) -> int:
@@ -145,11 +157,11 @@ class BlockCache:
                         self.pinned += add
                     if not have:
                         parent = path[j - 1][0] if j else None
-                        nodes[node] = [0, j, parent, 0]
+                        nodes[node] = _Node(j, parent)
                         if parent is not None:
                             p = nodes.get(parent)
                             if p is not None:
-                                p[3] += 1
+                                p.children += 1
                 if have + add > 0:
                     deepest = j
                 if have + add < blocks:
@@ -159,18 +171,23 @@ class BlockCache:
         if deepest >= 0:
             self._stamp += 1
             entry = nodes[path[deepest][0]]
-            entry[0] = self._stamp
-            if not entry[3]:
+            entry.stamp = self._stamp
+            if not entry.children:
                 leaves = self._leaves
-                heappush(leaves, (self._stamp, -entry[1], path[deepest][0]))
-                if len(leaves) > 2 * len(nodes) + 64:
+                heappush(leaves, (self._stamp, -entry.depth, path[deepest][0]))
+                if len(leaves) > self._leaves_limit:
                     self._compact()
         return evicted
 
     def _compact(self) -> None:
-        """Drop stale heap entries: one per resident leaf is left."""
-        self._leaves = [(e[0], -e[1], node) for node, e in self._node.items() if not e[3]]
-        heapify(self._leaves)
+        """Drop stale heap entries (one is left per resident leaf)."""
+        nodes = self._node
+        live = [item for item in self._leaves
+                if (e := nodes.get(item[2])) is not None and not e.children
+                and e.stamp == item[0]]
+        heapify(live)
+        self._leaves = live
+        self._leaves_limit = 2 * len(live) + 64
 
     def _evict(self, blocks: int, path: PromptPath) -> list[tuple[int, int]]:
         """Free at least `blocks` (if unpinned blocks off `path` allow), least recent first."""
@@ -183,7 +200,7 @@ class BlockCache:
             item = heappop(leaves)
             stamp, neg_depth, node = item
             e = nodes.get(node)
-            if e is None or e[3] or e[0] != stamp:
+            if e is None or e.children or e.stamp != stamp:
                 continue  # stale: evicted, no longer a leaf, or stamped since
             if pins.get(node) or (-neg_depth < n and path[-neg_depth][0] == node):
                 skipped.append(item)
@@ -193,21 +210,40 @@ class BlockCache:
             self.used -= held
             freed += held
             out.append((node, held))
-            parent = e[2]
+            parent = e.parent
             if parent is not None:
                 p = nodes.get(parent)
                 if p is not None:
-                    p[3] -= 1
-                    if stamp > p[0]:
-                        p[0] = stamp
-                    if not p[3]:
-                        heappush(leaves, (p[0], -p[1], parent))
+                    p.children -= 1
+                    if stamp > p.stamp:
+                        p.stamp = stamp
+                    if not p.children:
+                        heappush(leaves, (p.stamp, -p.depth, parent))
         for item in skipped:
             heappush(leaves, item)
         return out
 
+    def _pinned_at_least(self, path: PromptPath, count: int) -> int:
+        """How many of `path`'s first nodes are pinned `count` times or more (a prefix: a
+        path pinned through a node is pinned through its parent)."""
+        pins = self._pins
+        lo, hi = 0, len(path)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if pins.get(path[mid][0], 0) >= count:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     def pin(self, path: PromptPath) -> None:
         pins, res = self._pins, self._res
+        if len(path) > WALK_DEPTH:  # the nodes not pinned yet at once, the others below
+            first = self._pinned_at_least(path, 1)
+            keys = list(map(_node_key, islice(path, first, None)))
+            pins.update(dict.fromkeys(keys, 1))
+            self.pinned += sum(map(res.get, keys, repeat(0)))
+            path = path[:first]
         for node, _ in path:
             c = pins.get(node, 0)
             if c == 0:
@@ -216,6 +252,12 @@ class BlockCache:
 
     def unpin(self, path: PromptPath) -> None:
         pins, res = self._pins, self._res
+        if len(path) > WALK_DEPTH:  # the nodes pinned once at once, the others below
+            first = self._pinned_at_least(path, 2)
+            keys = list(map(_node_key, islice(path, first, None)))
+            self.pinned -= sum(map(res.get, keys, repeat(0)))
+            deque(map(pins.pop, keys), maxlen=0)
+            path = path[:first]
         for node, _ in path:
             c = pins[node] - 1
             if c == 0:
