@@ -9,11 +9,12 @@ straddles a branch point holds the child's tokens, so it belongs to the child's 
 A turn that re-sends its parent's *whole* context continues the parent's token sequence, so a
 chain of such turns (an agent's conversation) is one node, owned by the chain's first request:
 the tree branches only where a subagent forks or a context is compacted, and paths are 1-3
-nodes deep however many turns a session has.
+nodes deep however many turns a session has. A turn that re-sends only part of its parent's
+output branches, so such an agent's paths grow a node a turn.
 
 A *prompt path* lists, root first, the nodes a prompt runs through and how many full blocks of
 each it covers: `((node_key, blocks), ...)`. Caches track residency per node (blocks resident
-from the node's first block), so a prefix lookup costs O(depth), not O(blocks).
+from the node's first block), so a prefix lookup costs O(log depth), not O(blocks).
 """
 
 from __future__ import annotations
