@@ -29,19 +29,22 @@ from rackSim.workload.graph import PromptPath
 
 #: Paths up to this many nodes are walked; deeper ones bisected.
 WALK_DEPTH = 8
+#: Entries the heap of leaves may hold beyond four per live one before it is compacted.
+LEAVES_SLACK = 4096
 _node_key, _blocks = itemgetter(0), itemgetter(1)
 
 
 class _Node:
     """A resident node's place in the LRU order and the tree."""
 
-    __slots__ = ("stamp", "depth", "parent", "children")
+    __slots__ = ("stamp", "depth", "parent", "children", "queued")
 
     def __init__(self, depth: int, parent: int | None):
         self.stamp = 0  # exact for a leaf, a lower bound for an inner node
         self.depth = depth
         self.parent = parent  # None for a root
         self.children = 0  # resident ones
+        self.queued: int | None = None  # the stamp of its entry in the heap of leaves
 
 
 def _sum_blocks(path: PromptPath, stop: int | None = None) -> int:
@@ -62,7 +65,7 @@ class BlockCache:
         self._pins: dict[int, int] = {}
         self._node: dict[int, _Node] = {}  # per resident node
         self._leaves: list[tuple[int, int, int]] = []  # (stamp, -depth, node), some stale
-        self._leaves_limit = 64  # compact the heap past this many entries
+        self._leaves_limit = LEAVES_SLACK  # compact the heap past this many entries
         self._stamp = 0
 
     def resident(self, node: int) -> int:
@@ -114,7 +117,15 @@ class BlockCache:
 
     def missing(self, path: PromptPath) -> int:
         """Blocks `insert(path)` would add."""
-        return _sum_blocks(path) - self.lookup(path)
+        if len(path) > WALK_DEPTH:
+            return _sum_blocks(path) - self.lookup(path)
+        res = self._res
+        need = 0
+        for node, blocks in path:
+            have = res.get(node, 0)
+            if blocks > have:
+                need += blocks - have
+        return need
 
     def can_hold(self, path: PromptPath) -> bool:
         """Whether `path` fits after evicting every unpinned block not on it."""
@@ -135,10 +146,21 @@ class BlockCache:
         evicted: list[tuple[int, int]] = []
         res, nodes = self._res, self._node
         n = len(path)
-        first = self._short_at(path)
+        if n <= WALK_DEPTH:
+            first, need, i = n, 0, 0
+            for node, blocks in path:
+                have = res.get(node, 0)
+                if blocks > have:
+                    need += blocks - have
+                    if first == n:
+                        first = i
+                i += 1
+        else:
+            first = self._short_at(path)
+            need = (_sum_blocks(islice(path, first, None)) - res.get(path[first][0], 0)
+                    if first < n else 0)
         deepest = first - 1  # the deepest node resident after the insert
-        if first < n:
-            need = _sum_blocks(islice(path, first, None)) - res.get(path[first][0], 0)
+        if need:
             if need > self.capacity - self.used:
                 evicted = self._evict(need - (self.capacity - self.used), path)
             room = self.capacity - self.used
@@ -172,22 +194,31 @@ class BlockCache:
             self._stamp += 1
             entry = nodes[path[deepest][0]]
             entry.stamp = self._stamp
-            if not entry.children:
-                leaves = self._leaves
-                heappush(leaves, (self._stamp, -entry.depth, path[deepest][0]))
-                if len(leaves) > self._leaves_limit:
-                    self._compact()
+            if not entry.children and entry.queued is None:  # else re-keyed when popped
+                self._queue(path[deepest][0], entry)
         return evicted
 
+    def _queue(self, node: int, entry: _Node) -> None:
+        entry.queued = entry.stamp
+        leaves = self._leaves
+        heappush(leaves, (entry.stamp, -entry.depth, node))
+        if len(leaves) > self._leaves_limit:
+            self._compact()
+
     def _compact(self) -> None:
-        """Drop stale heap entries (one is left per resident leaf)."""
+        """Drop the heap entries of nodes evicted or no longer leaves."""
         nodes = self._node
-        live = [item for item in self._leaves
-                if (e := nodes.get(item[2])) is not None and not e.children
-                and e.stamp == item[0]]
+        live = []
+        for item in self._leaves:
+            e = nodes.get(item[2])
+            if e is not None and e.queued == item[0]:
+                if e.children:
+                    e.queued = None
+                else:
+                    live.append(item)
         heapify(live)
         self._leaves = live
-        self._leaves_limit = 2 * len(live) + 64
+        self._leaves_limit = 4 * len(live) + LEAVES_SLACK
 
     def _evict(self, blocks: int, path: PromptPath) -> list[tuple[int, int]]:
         """Free at least `blocks` (if unpinned blocks off `path` allow), least recent first."""
@@ -200,8 +231,15 @@ class BlockCache:
             item = heappop(leaves)
             stamp, neg_depth, node = item
             e = nodes.get(node)
-            if e is None or e.children or e.stamp != stamp:
-                continue  # stale: evicted, no longer a leaf, or stamped since
+            if e is None or e.queued != stamp:
+                continue  # an entry of a node since evicted
+            if e.children:  # no longer a leaf
+                e.queued = None
+                continue
+            if e.stamp != stamp:  # touched since it was queued: re-key
+                e.queued = e.stamp
+                heappush(leaves, (e.stamp, neg_depth, node))
+                continue
             if pins.get(node) or (-neg_depth < n and path[-neg_depth][0] == node):
                 skipped.append(item)
                 continue
@@ -217,7 +255,8 @@ class BlockCache:
                     p.children -= 1
                     if stamp > p.stamp:
                         p.stamp = stamp
-                    if not p.children:
+                    if not p.children and p.queued is None:
+                        p.queued = p.stamp
                         heappush(leaves, (p.stamp, -p.depth, parent))
         for item in skipped:
             heappush(leaves, item)

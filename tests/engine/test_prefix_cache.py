@@ -7,7 +7,7 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rackSim.engine.prefix_cache import WALK_DEPTH, BlockCache, TieredPrefixCache
+from rackSim.engine.prefix_cache import LEAVES_SLACK, WALK_DEPTH, BlockCache, TieredPrefixCache
 
 
 def test_lookup_counts_prefix_only():
@@ -189,3 +189,19 @@ def test_deep_chains_are_bisected_and_evicted_leaf_first():
     kept = [t for t in range(60) if c.resident(2000 + t)]
     assert kept == list(range(len(kept))) and 0 < len(kept) < 57
     assert all(c.resident(1000 * s + t) for s in (0, 1) for t in range(60))
+
+
+def test_stale_heap_entries_are_compacted():
+    """A leaf that gains a child leaves its heap entry behind; past `LEAVES_SLACK` of them the
+    heap is compacted, and eviction still follows the LRU order."""
+    cap = 300 * 15 + 40
+    c, ref = BlockCache(cap), LinearLru(cap)
+    for turn in range(15):  # 300 sessions growing a node a turn: 4,200 stale entries
+        for s in range(300):
+            p = tuple((100 * s + t, 1) for t in range(turn + 1))
+            assert c.insert(p) == ref.insert(p)
+    assert 300 * 15 > LEAVES_SLACK and len(c._leaves) < 1000  # compacted once
+    for s in range(300, 320):  # new sessions evict the least recent turns, deepest first
+        p = tuple((100 * s + t, 1) for t in range(12))
+        assert c.insert(p) == ref.insert(p)
+    assert c._res == ref.res and c.used == ref.used == cap
