@@ -118,7 +118,7 @@ class BlockCache:
     def missing(self, path: PromptPath) -> int:
         """Blocks `insert(path)` would add."""
         if len(path) > WALK_DEPTH:
-            return _sum_blocks(path) - self.lookup(path)
+            return self._missing_from(path, self._short_at(path))
         res = self._res
         need = 0
         for node, blocks in path:
@@ -126,6 +126,13 @@ class BlockCache:
             if blocks > have:
                 need += blocks - have
         return need
+
+    def _missing_from(self, path: PromptPath, first: int) -> int:
+        """Blocks `path` misses, given the index of its first short node: that node's
+        missing blocks and all of the nodes after it (residency is prefix-closed)."""
+        if first == len(path):
+            return 0
+        return _sum_blocks(islice(path, first, None)) - self._res.get(path[first][0], 0)
 
     def can_hold(self, path: PromptPath) -> bool:
         """Whether `path` fits after evicting every unpinned block not on it."""
@@ -157,8 +164,7 @@ class BlockCache:
                 i += 1
         else:
             first = self._short_at(path)
-            need = (_sum_blocks(islice(path, first, None)) - res.get(path[first][0], 0)
-                    if first < n else 0)
+            need = self._missing_from(path, first)
         deepest = first - 1  # the deepest node resident after the insert
         if need:
             if need > self.capacity - self.used:
