@@ -16,6 +16,11 @@ newest stamp in its subtree, so only leaves of the resident tree can be least re
 wait in a heap keyed (stamp, -depth); an evicted leaf hands its stamp to its parent, which
 joins the heap when its last resident child goes. Blocks of requests in flight are pinned
 and never evicted.
+
+Pins are counted per node only when something reads them: an eviction, or a `can_hold` that
+must subtract the pinned blocks. Until then a pin and its unpin are a dictionary entry for the
+path (O(1) however deep it is); a cache that never fills, as at the headline fit's operating
+point, never counts them.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 from collections import deque
 from heapq import heapify, heappop, heappush
 from itertools import islice, repeat
-from operator import itemgetter
+from operator import add, itemgetter, sub
 
 from rackSim.workload.graph import PromptPath
 
@@ -60,9 +65,10 @@ class BlockCache:
             raise ValueError("capacity_blocks must be >= 0")
         self.capacity = capacity_blocks
         self.used = 0
-        self.pinned = 0  # resident blocks of pinned nodes
+        self._pinned = 0  # resident blocks of nodes pinned by the counted pins
         self._res: dict[int, int] = {}
-        self._pins: dict[int, int] = {}
+        self._pins: dict[int, int] = {}  # node -> counted pins of paths through it
+        self._uncounted: dict[int, list] = {}  # id(path) -> [path, pins not counted yet]
         self._node: dict[int, _Node] = {}  # per resident node
         self._leaves: list[tuple[int, int, int]] = []  # (stamp, -depth, node), some stale
         self._leaves_limit = LEAVES_SLACK  # compact the heap past this many entries
@@ -70,6 +76,13 @@ class BlockCache:
 
     def resident(self, node: int) -> int:
         return self._res.get(node, 0)
+
+    @property
+    def pinned(self) -> int:
+        """Resident blocks of pinned nodes."""
+        if self._uncounted:
+            self._count_pins()
+        return self._pinned
 
     def _short_at(self, path: PromptPath) -> int:
         """Index of the first node of `path` not resident as far as the path covers it
@@ -139,7 +152,8 @@ class BlockCache:
         need = self.missing(path)
         if need <= self.capacity - self.used:
             return True
-        return need <= self.capacity - self.pinned - self._on_path_unpinned(path)
+        pinned = self.pinned  # counts the pins `_on_path_unpinned` reads
+        return need <= self.capacity - pinned - self._on_path_unpinned(path)
 
     def _on_path_unpinned(self, path: PromptPath) -> int:
         pins, res = self._pins, self._res
@@ -182,7 +196,7 @@ class BlockCache:
                     self.used += add
                     room -= add
                     if pins.get(node):
-                        self.pinned += add
+                        self._pinned += add
                     if not have:
                         parent = path[j - 1][0] if j else None
                         nodes[node] = _Node(j, parent)
@@ -228,6 +242,8 @@ class BlockCache:
 
     def _evict(self, blocks: int, path: PromptPath) -> list[tuple[int, int]]:
         """Free at least `blocks` (if unpinned blocks off `path` allow), least recent first."""
+        if self._uncounted:
+            self._count_pins()
         leaves, nodes, res, pins = self._leaves, self._node, self._res, self._pins
         n = len(path)
         freed = 0
@@ -282,32 +298,66 @@ class BlockCache:
         return lo
 
     def pin(self, path: PromptPath) -> None:
+        """Pin every node of `path` (counted per node when first read: `_count_pins`)."""
+        entry = self._uncounted.get(id(path))
+        if entry is None:
+            self._uncounted[id(path)] = [path, 1]
+        else:
+            entry[1] += 1
+
+    def unpin(self, path: PromptPath) -> None:
+        """Drop one pin of `path` (the same object that was pinned)."""
+        key = id(path)
+        entry = self._uncounted.get(key)
+        if entry is None:
+            self._unpin_nodes(path)
+        elif entry[1] == 1:
+            del self._uncounted[key]
+        else:
+            entry[1] -= 1
+
+    def _count_pins(self) -> None:
+        """Count the pins not counted yet on their paths' nodes."""
+        uncounted, self._uncounted = self._uncounted, {}
+        for path, times in uncounted.values():
+            for _ in range(times):
+                self._pin_nodes(path)
+
+    def _pin_nodes(self, path: PromptPath) -> None:
         pins, res = self._pins, self._res
-        if len(path) > WALK_DEPTH:  # the nodes not pinned yet at once, the others below
-            first = self._pinned_at_least(path, 1)
-            keys = list(map(_node_key, islice(path, first, None)))
-            pins.update(dict.fromkeys(keys, 1))
-            self.pinned += sum(map(res.get, keys, repeat(0)))
-            path = path[:first]
+        if len(path) > WALK_DEPTH:  # the whole path at once, by C-level dict calls
+            first = self._pinned_at_least(path, 1)  # the prefix already pinned gains one
+            keys = list(map(_node_key, path))
+            fresh = keys[first:]
+            pins.update(dict.fromkeys(fresh, 1))
+            self._pinned += sum(map(res.get, fresh, repeat(0)))
+            if first:
+                held = keys[:first]
+                pins.update(zip(held, map(add, map(pins.__getitem__, held), repeat(1))))
+            return
         for node, _ in path:
             c = pins.get(node, 0)
             if c == 0:
-                self.pinned += res.get(node, 0)
+                self._pinned += res.get(node, 0)
             pins[node] = c + 1
 
-    def unpin(self, path: PromptPath) -> None:
+    def _unpin_nodes(self, path: PromptPath) -> None:
         pins, res = self._pins, self._res
-        if len(path) > WALK_DEPTH:  # the nodes pinned once at once, the others below
-            first = self._pinned_at_least(path, 2)
-            keys = list(map(_node_key, islice(path, first, None)))
-            self.pinned -= sum(map(res.get, keys, repeat(0)))
-            deque(map(pins.pop, keys), maxlen=0)
-            path = path[:first]
+        if len(path) > WALK_DEPTH:  # the whole path at once, by C-level dict calls
+            first = self._pinned_at_least(path, 2)  # the prefix pinned twice or more loses one
+            keys = list(map(_node_key, path))
+            gone = keys[first:]
+            self._pinned -= sum(map(res.get, gone, repeat(0)))
+            deque(map(pins.pop, gone), maxlen=0)
+            if first:
+                held = keys[:first]
+                pins.update(zip(held, map(sub, map(pins.__getitem__, held), repeat(1))))
+            return
         for node, _ in path:
             c = pins[node] - 1
             if c == 0:
                 del pins[node]
-                self.pinned -= res.get(node, 0)
+                self._pinned -= res.get(node, 0)
             else:
                 pins[node] = c
 

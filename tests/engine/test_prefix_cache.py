@@ -171,6 +171,51 @@ def test_block_cache_matches_a_linear_lru_on_any_tree(work, cap):
         assert {n: c.resident(n) for n in range(40)} == {n: ref.res.get(n, 0) for n in range(40)}
 
 
+@settings(max_examples=150, deadline=None)
+@given(trunk=st.integers(1, 4 * WALK_DEPTH),
+       forks=st.lists(st.tuples(st.integers(0, 4 * WALK_DEPTH), st.integers(1, 12)),
+                      min_size=1, max_size=6),
+       ops=st.lists(st.tuples(st.sampled_from(["pin", "unpin", "read", "insert"]),
+                              st.integers(0, 6)), max_size=50),
+       cap=st.integers(0, 120))
+def test_pins_of_paths_sharing_a_prefix_count_every_path(trunk, forks, ops, cap):
+    """Agents that branch every turn pin many deep paths through one shared prefix at once
+    (parallel sub-agents, turns in flight): each pin and unpin counts on every node of its
+    path, so a prefix stays pinned until the last path through it is unpinned. Pins are
+    counted only when read, so pins and unpins come in runs with no read between them (a
+    pin undone before it is counted, a path pinned twice, an unpin of a counted pin); at
+    every read the pinned blocks, and what an insert evicts around them, match a plain walk."""
+    spine = [(n, 1) for n in range(trunk)]
+    paths = [tuple(spine)]
+    for k, (at, length) in enumerate(forks):  # a branch off the trunk at depth `at`
+        at = min(at, trunk - 1)
+        paths.append(tuple(spine[:at]) + tuple((1000 * (k + 1) + j, 1) for j in range(length)))
+    c, ref = BlockCache(cap), LinearLru(cap)
+    for path in paths:
+        assert c.insert(path) == ref.insert(path)
+    held: list = []
+    for turn, (op, which) in enumerate(ops):
+        path = paths[which % len(paths)]
+        if op == "pin":
+            c.pin(path), ref.pin(path)
+            held.append(path)
+        elif op == "unpin" and held:
+            done = held.pop(which % len(held))
+            c.unpin(done), ref.unpin(done)
+        elif op == "read":  # can_hold first: it may be what counts the pins
+            big = path + ((20_000 + turn, which * 10),)
+            assert c.can_hold(big) == ref.can_hold(big)
+            assert (c.used, c.pinned) == (ref.used, ref.pinned)
+            assert c._pins == ref.pins
+        elif op == "insert":  # evicts around the pins alike
+            fresh = tuple((10_000 + 10 * turn + j, 3) for j in range(3))
+            assert c.insert(fresh) == ref.insert(fresh)
+            assert c._res == ref.res
+    for done in held:
+        c.unpin(done), ref.unpin(done)
+    assert (c.pinned, ref.pinned, c._pins, ref.pins) == (0, 0, {}, {})
+
+
 def test_deep_chains_are_bisected_and_evicted_leaf_first():
     """A session that branches every turn: a path grows a node a turn, far past the walked
     depth; evicting the oldest session takes its deepest nodes first."""
