@@ -333,7 +333,8 @@ class BlockCache:
             self._pinned += sum(map(res.get, fresh, repeat(0)))
             if first:
                 held = keys[:first]
-                pins.update(zip(held, map(add, map(pins.__getitem__, held), repeat(1))))
+                counts = map(add, map(pins.__getitem__, held), repeat(1))
+                pins.update(zip(held, counts, strict=True))
             return
         for node, _ in path:
             c = pins.get(node, 0)
@@ -351,7 +352,8 @@ class BlockCache:
             deque(map(pins.pop, gone), maxlen=0)
             if first:
                 held = keys[:first]
-                pins.update(zip(held, map(sub, map(pins.__getitem__, held), repeat(1))))
+                counts = map(sub, map(pins.__getitem__, held), repeat(1))
+                pins.update(zip(held, counts, strict=True))
             return
         for node, _ in path:
             c = pins[node] - 1
