@@ -4,9 +4,10 @@ A node's residency is the number of its blocks resident counted from its first b
 are root paths of one prefix tree: a node has one parent, and every path through a child
 covers the same blocks of its parent (the branch point). Residency is then prefix-closed
 along any path: a node is resident only while its parent holds the blocks its path covers,
-so a lookup stops at the first node not resident far enough, found by bisection on deep
-paths (O(log depth) reads; an agent that re-sends part of each response branches every
-turn, and its paths grow a node a turn).
+so a lookup stops at the first node not resident far enough, found on deep paths by
+galloping from the end, then bisection (O(log depth) reads, two where a turn extends a
+resident one; an agent that re-sends part of each response branches every turn, and its
+paths grow a node a turn).
 
 Eviction is LRU over nodes as if each insert touched its path deepest node first: an
 ancestor is always more recent than its descendants, and eviction removes leaves before the
@@ -102,7 +103,18 @@ class BlockCache:
         node, blocks = path[end - 1]
         if res.get(node, 0) >= blocks:
             return n
-        lo, hi = 0, end - 1  # path[hi] is short
+        # Gallop from the end for a node resident as far as the path covers it (a turn's
+        # path is its last turn's, resident, and a new node: found in one step), then bisect
+        # between it and the short node above.
+        hi, step = end - 1, 1  # path[hi] is short
+        lo = hi - 1
+        while lo >= 0:
+            node, blocks = path[lo]
+            if res.get(node, 0) >= blocks:
+                break
+            hi, step = lo, 2 * step
+            lo = hi - step
+        lo = lo + 1 if lo >= 0 else 0
         while lo < hi:
             mid = (lo + hi) >> 1
             node, blocks = path[mid]
