@@ -19,7 +19,7 @@ from the node's first block), so a prefix lookup costs O(log depth), not O(block
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 BLOCK_TOKENS = 64
@@ -128,6 +128,9 @@ class SessionInstance:
     graph: SessionGraph
     key_base: int
     lane: int = 0
+    #: (key-base-0 path, shifted path) last shifted: the next one shares its prefix
+    _last: tuple[PromptPath, PromptPath] = field(default=((), ()), init=False, repr=False,
+                                                 compare=False)
 
     def prompt_path(self, rid: int) -> PromptPath:
         """Nodes and full blocks covered by request `rid`'s prompt, root first."""
@@ -155,7 +158,23 @@ class SessionInstance:
         if len(path) == 1:  # most paths are one chain deep
             (k, b), = path
             return ((k + kb, b),)
-        return tuple([(k + kb, b) for k, b in path])
+        # A turn's path extends its last turn's (an agent that branches every turn: ~50-300
+        # nodes), so its shifted nodes are taken from the path shifted last, up to where the
+        # two part (on root paths of one tree, nodes that differ once differ after).
+        last, shifted = self._last
+        lo, hi = 0, min(len(last), len(path))
+        if hi and last[hi - 1] == path[hi - 1]:
+            lo = hi
+        while lo < hi:  # the length of the common prefix
+            mid = (lo + hi) >> 1
+            if last[mid] == path[mid]:
+                lo = mid + 1
+            else:
+                hi = mid
+        out = shifted[:lo] + tuple([(k + kb, b) for k, b in path[lo:]]) if lo else \
+            tuple([(k + kb, b) for k, b in path])
+        self._last = (path, out)
+        return out
 
     def segments(self, rid: int, end_tokens: int | None = None) -> list[tuple[int, int, int]]:
         """Token ownership of request `rid`'s prompt (or its first `end_tokens` of context):

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from rackSim.config import compose_scenario
 from rackSim.workload.graph import RequestSpec, SessionGraph, SessionInstance
 from rackSim.workload.sources import load_sessions
@@ -49,3 +54,30 @@ def test_dependents_invert_the_dependency_edges():
             done.add(r.rid)
             ready |= {s.rid for s in cursor.complete(r.rid)}
         assert cursor.done
+
+
+@settings(max_examples=30, deadline=None)
+@given(order=st.randoms(use_true_random=False))
+def test_paths_shifted_from_the_last_equal_fresh_ones_in_any_order(order):
+    """Sessions that branch every turn (the headline fit's workload: paths of tens of nodes)
+    take a path's shifted nodes from the path shifted before it: asked in any order, across
+    prompts and contexts, every path equals the one shifted afresh."""
+    graphs = _branching_graphs()
+    calls = [(g, r.rid, kind) for g in graphs for r in g.requests for kind in (0, 1)]
+    order.shuffle(calls)
+    insts = {id(g): SessionInstance(g, key_base=(3 << 40) | (9 << 20)) for g in graphs}
+    for g, rid, kind in calls:
+        inst, r = insts[id(g)], g.requests[rid]
+        got = (inst.prompt_path, inst.context_path)[kind](rid)
+        want = inst._path(rid, (r.prompt_tokens, r.context_tokens)[kind])
+        assert got == want
+
+
+@lru_cache(maxsize=1)
+def _branching_graphs() -> list[SessionGraph]:
+    cfg = compose_scenario(["workload=agentx_fitted", "workload.num_sessions=3",
+                            "progress=false"])
+    graphs = load_sessions(cfg.workload, cfg.seed)
+    assert max(len(SessionInstance(g, 0).context_path(r.rid)) for g in graphs
+               for r in g.requests) > 20
+    return graphs
