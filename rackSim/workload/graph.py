@@ -162,17 +162,19 @@ class SessionInstance:
         # nodes), so its shifted nodes are taken from the path shifted last, up to where the
         # two part (on root paths of one tree, nodes that differ once differ after).
         last, shifted = self._last
-        lo, hi = 0, min(len(last), len(path))
-        if hi and last[hi - 1] == path[hi - 1]:
-            lo = hi
+        n = min(len(last), len(path))
+        at, step = n - 1, 1  # gallop from the end for a shared node (the two part near it)
+        while at >= 0 and last[at] != path[at]:
+            at, step = at - step, 2 * step
+        # nodes up to `at` are shared; the one probed before it, at + step // 2, is not
+        lo, hi = max(at, -1) + 1, at + step // 2
         while lo < hi:  # the length of the common prefix
             mid = (lo + hi) >> 1
             if last[mid] == path[mid]:
                 lo = mid + 1
             else:
                 hi = mid
-        out = shifted[:lo] + tuple([(k + kb, b) for k, b in path[lo:]]) if lo else \
-            tuple([(k + kb, b) for k, b in path])
+        out = shifted[:lo] + tuple([(k + kb, b) for k, b in path[lo:]])
         self._last = (path, out)
         return out
 
