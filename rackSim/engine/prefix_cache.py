@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import deque
 from heapq import heapify, heappop, heappush
 from itertools import islice, repeat
-from operator import add, itemgetter, sub
+from operator import add, itemgetter
 
 from rackSim.workload.graph import PromptPath
 
@@ -322,7 +322,7 @@ class BlockCache:
         key = id(path)
         entry = self._uncounted.get(key)
         if entry is None:
-            self._unpin_nodes(path)
+            self._pin_nodes(path, -1)
         elif entry[1] == 1:
             del self._uncounted[key]
         else:
@@ -333,47 +333,28 @@ class BlockCache:
         uncounted, self._uncounted = self._uncounted, {}
         for path, times in uncounted.values():
             for _ in range(times):
-                self._pin_nodes(path)
+                self._pin_nodes(path, 1)
 
-    def _pin_nodes(self, path: PromptPath) -> None:
+    def _pin_nodes(self, path: PromptPath, delta: int) -> None:
+        """Add `delta` (1 or -1) to the pin count of every node of `path`, keeping `_pinned`.
+        Counts never rise from a node to its child, so the nodes whose count leaves or
+        reaches 0 are a suffix (found by bisection); the whole path is updated by C-level
+        dict calls."""
         pins, res = self._pins, self._res
-        if len(path) > WALK_DEPTH:  # the whole path at once, by C-level dict calls
-            first = self._pinned_at_least(path, 1)  # the prefix already pinned gains one
-            keys = list(map(_node_key, path))
-            fresh = keys[first:]
-            pins.update(dict.fromkeys(fresh, 1))
-            self._pinned += sum(map(res.get, fresh, repeat(0)))
-            if first:
-                held = keys[:first]
-                counts = map(add, map(pins.__getitem__, held), repeat(1))
-                pins.update(zip(held, counts, strict=True))
-            return
-        for node, _ in path:
-            c = pins.get(node, 0)
-            if c == 0:
-                self._pinned += res.get(node, 0)
-            pins[node] = c + 1
-
-    def _unpin_nodes(self, path: PromptPath) -> None:
-        pins, res = self._pins, self._res
-        if len(path) > WALK_DEPTH:  # the whole path at once, by C-level dict calls
-            first = self._pinned_at_least(path, 2)  # the prefix pinned twice or more loses one
-            keys = list(map(_node_key, path))
-            gone = keys[first:]
-            self._pinned -= sum(map(res.get, gone, repeat(0)))
-            deque(map(pins.pop, gone), maxlen=0)
-            if first:
-                held = keys[:first]
-                counts = map(sub, map(pins.__getitem__, held), repeat(1))
-                pins.update(zip(held, counts, strict=True))
-            return
-        for node, _ in path:
-            c = pins[node] - 1
-            if c == 0:
-                del pins[node]
-                self._pinned -= res.get(node, 0)
-            else:
-                pins[node] = c
+        first = self._pinned_at_least(path, 1 if delta > 0 else 2)
+        keys = list(map(_node_key, path))
+        edge = keys[first:]
+        blocks = sum(map(res.get, edge, repeat(0)))
+        if delta > 0:
+            pins.update(dict.fromkeys(edge, 1))
+            self._pinned += blocks
+        else:
+            deque(map(pins.pop, edge), maxlen=0)
+            self._pinned -= blocks
+        if first:
+            held = keys[:first]
+            counts = map(add, map(pins.__getitem__, held), repeat(delta))
+            pins.update(zip(held, counts, strict=True))
 
     def demote(self, nodes: list[tuple[int, int]]) -> None:
         """Accept blocks evicted from the tier above (each node from its first block, as a
