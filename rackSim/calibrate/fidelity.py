@@ -323,16 +323,19 @@ def _reference(args: argparse.Namespace) -> tuple[RunConfig, Profile]:
 def fitted_headline_scenario(headline_fit: dict[str, Any], overrides: tuple[str, ...] | list[str]
                              ) -> RunConfig:
     """The fitted headline scenario simulated as its fit evaluated it (the record's window,
-    warm-up requests per lane and seed), with --override after them."""
+    warm-up requests per lane, drain and seed), with --override after them. A record without
+    a drain was fitted without one (before 2026-12-07's refit)."""
     try:
         s = headline_fit["settings"]
         window, warmup, seed = (s["window_s"], s["warmup_requests_per_lane"], s["seed"])
+        drain = s.get("drain_s", 0.0)
     except (KeyError, TypeError) as err:
         raise FidelityError(f"{HEADLINE_FIT}: no settings.{err} to simulate the fitted "
                             "scenario with; run racksim-calibrate workload again") from None
     try:
         return compose_scenario([*FITTED_SCENARIO, f"workload.replay.window_s={window}",
                                  f"workload.replay.warmup_requests_per_lane={warmup}",
+                                 f"workload.replay.drain_s={drain}",
                                  f"seed={seed}", *overrides, "progress=false"])
     except ScenarioError as err:
         raise FidelityError(one_line(f"fitted scenario: {err}")) from err

@@ -283,6 +283,7 @@ def record_yaml(record: dict[str, Any], h: Headline, settings: FitSettings,
         "base_scenario": base,
         "settings": {"window_s": settings.window_s, "target_sigma": settings.target_sigma,
                      "warmup_requests_per_lane": settings.warmup_requests_per_lane,
+                     "drain_s": settings.drain_s,
                      "seed": settings.seed, "tolerance": settings.tolerance},
         "simulations": evaluations,
         "held": {name: value for name, value in record["best"].params.items()
@@ -312,18 +313,22 @@ def _reference_figures(window_s: float, overrides: tuple[str, ...] = ()) -> dict
 
 
 def check_window(short_s: float, long_s: float, jobs: int, overrides: tuple[str, ...] = (),
-                 short_warmup: int | None = None) -> dict[str, Any]:
-    """The reference scenario over a short window (with `short_warmup` warm-up requests per
-    lane, as the fit and the tests run it) and over a long one as configured: each one's H1-H3
-    and the short window's relative difference from the long one."""
+                 fit: FitSettings | None = None) -> dict[str, Any]:
+    """The reference scenario over a short window (with the warm-up and drain of `fit`, as
+    the fit runs it; as configured without) and over a long one as configured: each one's
+    H1-H3 and the short window's relative difference from the long one."""
     from joblib import Parallel, delayed
 
-    warm = () if short_warmup is None else (
-        f"workload.replay.warmup_requests_per_lane={short_warmup}",)
+    warm = () if fit is None else (
+        f"workload.replay.warmup_requests_per_lane={fit.warmup_requests_per_lane}",
+        f"workload.replay.drain_s={fit.drain_s}")
     short, long = Parallel(n_jobs=min(jobs, 2))(
         delayed(_reference_figures)(w, o) for w, o in ((short_s, overrides + warm),
                                                        (long_s, overrides)))
-    return {"short_window_s": short_s, "short_warmup_requests_per_lane": short_warmup,
+    return {"short_window_s": short_s,
+            "short_warmup_requests_per_lane": None if fit is None
+            else fit.warmup_requests_per_lane,
+            "short_drain_s": None if fit is None else fit.drain_s,
             "long_window_s": long_s,
             "short": {k: _round(v) for k, v in short.items()},
             "long": {k: _round(v) for k, v in long.items()},
@@ -373,8 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         if not RECORD.is_file():
             print(f"{prog}: {RECORD} does not exist: fit first", file=sys.stderr)
             return 2
-        check = check_window(*args.check_window, args.jobs,
-                             short_warmup=FitSettings().warmup_requests_per_lane)
+        check = check_window(*args.check_window, args.jobs, fit=FitSettings())
         rec = yaml.safe_load(RECORD.read_text())
         rec["window_check"] = check
         RECORD.write_text(yaml.safe_dump(rec, sort_keys=False, width=100))

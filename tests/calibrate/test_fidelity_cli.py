@@ -166,14 +166,17 @@ def test_console_script_is_installed(tmp_path: Path) -> None:
 
 def test_a_converged_headline_fit_puts_its_scenario_under_the_headline_rows() -> None:
     """H1-H3 fitted: they are predicted by the fitted scenario as its fit evaluated it (the
-    record's window, warm-up and seed), --override last; a record without its settings is
-    refused with the file and the fix."""
-    fit = {"settings": {"window_s": 15.0, "warmup_requests_per_lane": 1, "seed": 0}}
+    record's window, warm-up, drain and seed), --override last; a record without a drain was
+    fitted without one; a record without its settings is refused with the file and the fix."""
+    fit = {"settings": {"window_s": 15.0, "warmup_requests_per_lane": 3, "drain_s": 60.0,
+                        "seed": 0}}
     cfg = fidelity.fitted_headline_scenario(fit, ["deployment.decode.gpus=16"])
-    assert (cfg.workload.name, cfg.workload.replay.window_s,
-            cfg.workload.replay.warmup_requests_per_lane, cfg.seed) == (
-        "agentx_fitted", 15.0, 1, 0)
+    replay = cfg.workload.replay
+    assert (cfg.workload.name, replay.window_s, replay.warmup_requests_per_lane,
+            replay.drain_s, cfg.seed) == ("agentx_fitted", 15.0, 3, 60.0, 0)
     assert cfg.deployment.decode.gpus == 16 and not cfg.progress
+    del fit["settings"]["drain_s"]
+    assert fidelity.fitted_headline_scenario(fit, []).workload.replay.drain_s == 0.0
     with pytest.raises(fidelity.FidelityError, match=r"headline_fit.yaml: no settings.'seed' "
                                                      r".*run racksim-calibrate workload again"):
         fidelity.fitted_headline_scenario({"settings": {"window_s": 15.0,

@@ -117,11 +117,14 @@ def test_starting_points_span_the_mix_and_fill_the_decode() -> None:
 def test_scenario_changes_put_medians_into_their_dists() -> None:
     base = {"workload": {"agentx": AgentXSpec().model_dump(mode="json")}}
     ch = scenario_changes({"new_tokens_median": 321.0, "concurrency": 1234.4},
-                          Layout(12, 2, 16), base, FitSettings(window_s=30))
+                          Layout(12, 2, 16), base,
+                          FitSettings(window_s=30, warmup_requests_per_lane=2, drain_s=9.0))
     nt = ch["workload"]["agentx"]["new_tokens"]
     assert nt["median"] == 321.0 and nt["sigma"] == AgentXSpec().new_tokens.sigma
-    assert ch["workload"]["replay"]["concurrency"] == 1234
-    assert ch["workload"]["replay"]["window_s"] == 30
+    replay = ch["workload"]["replay"]
+    assert replay["concurrency"] == 1234
+    assert (replay["window_s"], replay["warmup_requests_per_lane"], replay["drain_s"]) == (
+        30, 2, 9.0)
     assert ch["deployment"]["prefill"]["instances"] == 12
     assert ch["deployment"]["decode"]["gpus"] == 16
 
@@ -198,7 +201,9 @@ def test_values_at_the_edge_of_plausibility_are_flagged() -> None:
 
 
 def test_check_window_compares_two_windows_of_one_scenario() -> None:
-    check = headline_fit.check_window(10.0, 20.0, 1, ("experiment=smoke",))
+    check = headline_fit.check_window(10.0, 20.0, 1, ("experiment=smoke",),
+                                      fit=FitSettings(warmup_requests_per_lane=1, drain_s=5.0))
+    assert (check["short_warmup_requests_per_lane"], check["short_drain_s"]) == (1, 5.0)
     assert check["short"]["requests_sent"] < check["long"]["requests_sent"]
     for t in ("H1", "H2", "H3"):
         assert check["short_vs_long"][t] == pytest.approx(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from rackSim.calibrate.fidelity import fitted_headline_scenario
 from rackSim.calibrate.headline import read_headline
 from rackSim.calibrate.headline_fit import RECORD, WORKLOAD_YAML
 from rackSim.calibrate.workload_fit import TARGET_KEYS, FitSettings
@@ -42,13 +43,10 @@ def test_fitted_scenario_is_the_recorded_point(record: dict) -> None:
 
 @pytest.mark.slow
 def test_fitted_scenario_reproduces_its_record(record: dict) -> None:
-    """Simulated as the fit evaluated it (same window, warm-up and seed), the written scenario
-    gives the recorded H1-H3 up to the rounding of its values (5 significant digits): 3 %."""
-    s = FitSettings()
-    cfg = compose_scenario([*FITTED, "progress=false", f"workload.replay.window_s={s.window_s}",
-                            f"workload.replay.warmup_requests_per_lane="
-                            f"{s.warmup_requests_per_lane}", f"seed={s.seed}"])
-    summary = simulate(cfg).summary
+    """Simulated as the fit evaluated it (the record's window, warm-up, drain and seed), the
+    written scenario gives the recorded H1-H3 up to the rounding of its values (5 significant
+    digits): 3 %."""
+    summary = simulate(fitted_headline_scenario(record, [])).summary
     h = read_headline()
     published = {"H1": h.throughput_tok_s_gpu, "H2": h.interactivity_tok_s_user,
                  "H3": h.revenue_usd_gpu_h}
