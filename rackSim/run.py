@@ -64,10 +64,11 @@ def decode_width(dep: DeploymentSpec) -> int:
     return g.colocated.gpus if g.colocated_instances else g.decode.gpus
 
 
-def decode_breakdown_ms(steps: pd.DataFrame, t0: float) -> dict[str, float]:
-    """Mean decode step time and its components over the window, as `decode_<part>_ms`."""
+def decode_breakdown_ms(steps: pd.DataFrame, t0: float, t1: float) -> dict[str, float]:
+    """Mean decode step time and its components over the window [t0, t1) (s), as
+    `decode_<part>_ms`."""
     cols = {"decode_step_ms": "duration_ms", **{f"decode_{c}_ms": f"{c}_ms" for c in COMPONENTS}}
-    dec = steps.loc[window_mask(steps, t0, "decode"), list(cols.values())]  # these columns only
+    dec = steps.loc[window_mask(steps, t0, t1, "decode"), list(cols.values())]  # these only
     return {k: float(dec[c].mean()) if len(dec) else math.nan for k, c in cols.items()}
 
 
@@ -91,7 +92,8 @@ def simulate(cfg: RunConfig, sessions: list[SessionGraph] | None = None,
     result = summarize(out.requests, out.steps, out.itl, out.window_start_s, out.window_end_s,
                        out.num_gpus, cfg.pricing, extra,
                        FleetLayout(out.instance_racks, out.rack_gpus, out.decode_itl))
-    result.summary.update(decode_breakdown_ms(result.steps, out.window_start_s))
+    result.summary.update(decode_breakdown_ms(result.steps, out.window_start_s,
+                                              out.window_end_s))
     return result
 
 

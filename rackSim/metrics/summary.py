@@ -96,16 +96,16 @@ def steps_frame(rows: list[tuple] | StepLog) -> pd.DataFrame:
     return pd.DataFrame.from_records(rows, columns=list(STEP_COLUMNS))
 
 
-def window_mask(steps: pd.DataFrame, t0: float, role: str) -> pd.Series:
-    """Which steps started from `t0` (the window's start, s) on the instances of `role`
-    ("decode", "prefill" or "colocated": named `role` or `role-<n>`)."""
-    name = steps["instance"]
-    return ((name == role) | name.str.startswith(role + "-")) & (steps["start_s"] >= t0)
+def window_mask(steps: pd.DataFrame, t0: float, t1: float, role: str) -> pd.Series:
+    """Which steps started in the window [t0, t1) (s) on the instances of `role` ("decode",
+    "prefill" or "colocated": named `role` or `role-<n>`); a drain's steps are after it."""
+    name, start = steps["instance"], steps["start_s"]
+    return ((name == role) | name.str.startswith(role + "-")) & (start >= t0) & (start < t1)
 
 
-def window_steps(steps: pd.DataFrame, t0: float, role: str) -> pd.DataFrame:
+def window_steps(steps: pd.DataFrame, t0: float, t1: float, role: str) -> pd.DataFrame:
     """The rows of `window_mask`."""
-    return steps[window_mask(steps, t0, role)]
+    return steps[window_mask(steps, t0, t1, role)]
 
 
 def itl_from_token_times(records: Records, t0: float, t1: float

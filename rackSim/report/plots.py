@@ -120,17 +120,18 @@ def plot_latency(result: Result, path: Path) -> Path:
 BREAKDOWN_BARS = 12
 
 
-def decode_breakdown_bars(steps: pd.DataFrame, t0: float) -> tuple[str, pd.DataFrame]:
+def decode_breakdown_bars(steps: pd.DataFrame, t0: float, t1: float
+                          ) -> tuple[str, pd.DataFrame]:
     """The bars of the decode breakdown figure: (title, mean ms by component per bar).
 
-    Over the window's steps (from `t0`, s) of the decode instances, or of the colocated ones
-    when there are none (their steps mix prefill chunks in). One bar per instance; a fleet of
-    more than BREAKDOWN_BARS instances gets three: the mean over all their steps, the
-    instance with the longest mean step and the one with the shortest."""
+    Over the window's steps (started in [t0, t1), s) of the decode instances, or of the
+    colocated ones when there are none (their steps mix prefill chunks in). One bar per
+    instance; a fleet of more than BREAKDOWN_BARS instances gets three: the mean over all
+    their steps, the instance with the longest mean step and the one with the shortest."""
     title = "Decode step breakdown over the window"
-    rows = window_steps(steps, t0, "decode")
+    rows = window_steps(steps, t0, t1, "decode")
     if rows.empty:
-        rows = window_steps(steps, t0, "colocated")
+        rows = window_steps(steps, t0, t1, "colocated")
         title = "Step breakdown over the window (colocated: prefill chunks mixed in)"
     cols = [f"{c}_ms" for c in COMPONENTS]
     per = rows.groupby("instance", sort=False)[cols].mean()
@@ -149,7 +150,9 @@ def decode_breakdown_bars(steps: pd.DataFrame, t0: float) -> tuple[str, pd.DataF
 def plot_decode_breakdown(result: Result, path: Path) -> Path:
     """Mean decode step time by component over the window, one bar per decode instance."""
     t0 = result.summary.get("window_start_s")
-    title, bars = decode_breakdown_bars(result.steps, -math.inf if t0 is None else t0)
+    t0 = -math.inf if t0 is None else t0
+    title, bars = decode_breakdown_bars(result.steps, t0,
+                                        t0 + result.summary.get("window_s", math.inf))
     fig, ax = plt.subplots(figsize=(8.5, max(3.2, 2.2 + 0.35 * len(bars))))
     if not bars.empty:
         y = np.arange(len(bars))

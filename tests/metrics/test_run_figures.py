@@ -11,6 +11,7 @@ from rackSim.metrics.records import STEP_COLUMNS
 from rackSim.metrics.summary import Result
 from rackSim.perf.step import COMPONENTS
 from rackSim.report.plots import BREAKDOWN_BARS, decode_breakdown_bars, plot_decode_breakdown
+from rackSim.run import decode_breakdown_ms
 
 
 def _steps(rows: list[tuple[str, float, float]]) -> pd.DataFrame:
@@ -25,12 +26,12 @@ def _steps(rows: list[tuple[str, float, float]]) -> pd.DataFrame:
 
 
 def test_one_bar_per_decode_instance_over_the_window() -> None:
-    """Before the window (t0 = 10 s) and prefill steps are left out; decode-2 sorts before
-    decode-10; each bar is its instance's mean per component."""
+    """Steps before the window [10, 20) s and after it (a drain), and prefill steps, are left
+    out; decode-2 sorts before decode-10; each bar is its instance's mean per component."""
     steps = _steps([("decode-10", 11.0, 4.0), ("decode-2", 5.0, 100.0), ("decode-2", 12.0, 2.0),
                     ("decode-2", 13.0, 4.0), ("prefill-0", 12.0, 50.0),
-                    ("decoder", 12.0, 9.0)])
-    title, bars = decode_breakdown_bars(steps, 10.0)
+                    ("decoder", 12.0, 9.0), ("decode-2", 20.0, 70.0)])
+    title, bars = decode_breakdown_bars(steps, 10.0, 20.0)
     assert title.startswith("Decode step breakdown")
     assert list(bars.index) == ["decode-2", "decode-10"]
     assert bars.loc["decode-2", "moe"] == pytest.approx(3.0)
@@ -38,11 +39,22 @@ def test_one_bar_per_decode_instance_over_the_window() -> None:
     assert bars.loc["decode-2", "sync"] == pytest.approx(1.0)
 
 
+def test_summary_decode_breakdown_leaves_out_the_drain() -> None:
+    """The summary's mean decode step is over the steps started in the window [10, 20) s: a
+    drain's light steps after it (and warm-up's before it) do not count."""
+    steps = _steps([("decode", 5.0, 100.0), ("decode", 12.0, 2.0), ("decode", 19.0, 4.0),
+                    ("decode", 20.0, 70.0), ("decode", 25.0, 70.0)])
+    steps["duration_ms"] = steps["moe_ms"] + 8.0
+    out = decode_breakdown_ms(steps, 10.0, 20.0)
+    assert out["decode_moe_ms"] == pytest.approx(3.0)
+    assert out["decode_step_ms"] == pytest.approx(11.0)
+
+
 def test_a_large_fleet_gets_the_mean_the_slowest_and_the_fastest() -> None:
     n = BREAKDOWN_BARS + 2
     steps = _steps([(f"decode-{j}", 1.0, float(j)) for j in range(n)]
                    + [("decode-3", 2.0, 3.0)])
-    _, bars = decode_breakdown_bars(steps, 0.0)
+    _, bars = decode_breakdown_bars(steps, 0.0, 9.0)
     assert list(bars.index) == [f"all {n}", f"slowest decode-{n - 1}", "fastest decode-0"]
     # the mean is over all steps: (0 + 1 + ... + (n-1) + 3) / (n + 1)
     assert bars.iloc[0]["moe"] == pytest.approx((n * (n - 1) / 2 + 3) / (n + 1))
@@ -51,7 +63,7 @@ def test_a_large_fleet_gets_the_mean_the_slowest_and_the_fastest() -> None:
 
 def test_colocated_instances_when_there_is_no_decode_instance(tmp_path) -> None:
     steps = _steps([("colocated-0", 1.0, 2.0), ("colocated-1", 1.0, 3.0)])
-    title, bars = decode_breakdown_bars(steps, 0.0)
+    title, bars = decode_breakdown_bars(steps, 0.0, 9.0)
     assert "colocated" in title and list(bars.index) == ["colocated-0", "colocated-1"]
     result = Result({"window_start_s": 0.0}, pd.DataFrame(), steps, pd.DataFrame(),
                     LatencyHistogram())
