@@ -15,7 +15,9 @@ parameters as targets a zero error is no evidence). End-to-end rows (H1-H4) come
 simulation: of the fitted headline scenario (`workload=agentx_fitted
 deployment=agentx_fitted`, as its fit evaluated it: window, warm-up, seed) when the headline
 fit converged (calibration/headline_fit.yaml exists; its leave-one-out values are then the
-rows' evidence), of the default scenario otherwise. Effects (rackSim.calibrate.effects)
+rows' evidence), of the default scenario otherwise; the same scenario at the next seeds
+(`--headline-seeds`) gives each of H1-H3 the range of its error over seeds, so a fitted
+error can be read against the noise of its window. Effects (rackSim.calibrate.effects)
 compare variants of the default scenario with the directions the publication reports.
 """
 
@@ -35,15 +37,16 @@ from typing import Any
 
 import pandas as pd
 import yaml
+from joblib import delayed
 
 from rackSim.calibrate import figures
 from rackSim.calibrate.effects import default_effects, effect_noise, one_line, run_effects
 from rackSim.calibrate.fit import fit_table
-from rackSim.calibrate.loo import calibration_loo, figure_id
+from rackSim.calibrate.loo import calibration_loo, figure_id, parallel_map
 from rackSim.calibrate.scenario import CALIBRATION, operating_point
 from rackSim.config import RunConfig, compose_scenario
 from rackSim.config.errors import InputError, ScenarioError
-from rackSim.config.flags import positive_float, positive_int, unwritable
+from rackSim.config.flags import count, positive_float, positive_int, unwritable
 from rackSim.perf.profile import Profile
 from rackSim.report.fidelity_plots import plot_fidelity
 from rackSim.run import simulate
@@ -62,7 +65,7 @@ INPUT_IDS = frozenset({"M7", "E3", "H4"})
 TABLE_COLUMNS = [
     "id", "key", "quantity", "unit", "value", "status", "published", "predicted", "error",
     "check", "fit_params", "fit_targets", "exactly_determined", "loo_predicted", "loo_error",
-    "refit_predicted", "loo_note"]
+    "refit_predicted", "loo_note", "seed_error_min", "seed_error_max"]
 
 
 class FidelityError(ScenarioError):
@@ -163,6 +166,15 @@ def headline_predictions(figs: dict[str, dict[str, str]], summary: dict[str, Any
     return out
 
 
+def seed_spread(headline: dict[str, list[dict[str, Any]]],
+                at_seeds: list[dict[str, list[dict[str, Any]]]]) -> None:
+    """Give each H1-H3 row of `headline` the range of its error over its own seed and
+    `at_seeds` (headline_predictions of the same scenario at other seeds), in place."""
+    for fid in HEADLINE_KEYS:
+        errors = [headline[fid][0]["error"], *(h[fid][0]["error"] for h in at_seeds)]
+        headline[fid][0] |= {"seed_error_min": min(errors), "seed_error_max": max(errors)}
+
+
 def _fit_rows(fit_rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for r in fit_rows:
@@ -222,7 +234,8 @@ def build_table(figs: dict[str, dict[str, str]], fit_rows: list[dict[str, Any]],
                    "value": fig["value"], "status": status, "check": p.get("check", ""),
                    "fit_params": params, "fit_targets": targets,
                    "exactly_determined": None if params is None else params >= targets}
-            for col in ("published", "predicted", "error"):
+            for col in ("published", "predicted", "error", "seed_error_min",
+                        "seed_error_max"):
                 row[col] = p.get(col, math.nan)
             row.update(_loo_cells(fid, p["key"], status, row["published"], note, loo,
                                   headline_fit))
@@ -249,6 +262,9 @@ def summary(table: pd.DataFrame, effects: pd.DataFrame | None, **meta: Any) -> d
         sel = table[table["status"] == status]
         out[f"{status}_error"] = _abs_stats(sel["error"], sel["key"])
     out["loo_error"] = _abs_stats(table["loo_error"], table["key"])
+    seeded = table[table["seed_error_min"].notna()]
+    out["error_over_seeds"] = {k: [float(lo), float(hi)] for k, lo, hi in zip(
+        seeded["key"], seeded["seed_error_min"], seeded["seed_error_max"], strict=True)}
     drift = (table["refit_predicted"] / table["predicted"] - 1).abs().dropna()
     out["refit_drift_max"] = float(drift.max()) if len(drift) else None
     out["exactly_determined"] = sorted(set(table.loc[table["exactly_determined"].eq(True),
@@ -283,6 +299,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, default=None,
                     help="output directory (default runs/fidelity/<timestamp>)")
     ap.add_argument("--jobs", type=positive_int, default=2, help="parallel processes (default 2)")
+    ap.add_argument("--headline-seeds", type=count, default=2, metavar="K",
+                    help="also simulate the headline scenario at its next K seeds, for the "
+                         "range of H1-H3's errors over seeds (default %(default)s; 0: skip)")
     ap.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits")
     ap.add_argument("--no-effects", action="store_true", help="skip the effects table")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
@@ -299,6 +318,27 @@ def _check(args: argparse.Namespace) -> Path:
     if reason is not None:
         raise FidelityError(f"--out {out}: {reason}")
     return out
+
+
+def _at_seed(args: argparse.Namespace, headline_fit: dict[str, Any] | None, seed: int
+             ) -> RunConfig:
+    """The headline scenario (the fitted one, or the default with the headline window) at
+    `seed`, with --override."""
+    if headline_fit is not None:
+        return fitted_headline_scenario(headline_fit, [*args.override, f"seed={seed}"])
+    try:
+        return compose_scenario([*args.override, f"workload.replay.window_s={args.window_s}",
+                                 "progress=false", f"seed={seed}"])
+    except ScenarioError as err:
+        raise FidelityError(one_line(f"scenario: {err}")) from err
+
+
+def _headline_summary(cfg: RunConfig) -> dict[str, Any]:
+    """Simulate a headline scenario; its summary. KeyboardInterrupt if it was interrupted."""
+    summary = simulate(cfg, progress=False).summary
+    if summary.get("partial"):
+        raise KeyboardInterrupt
+    return summary
 
 
 def _reference(args: argparse.Namespace) -> tuple[RunConfig, Profile]:
@@ -356,7 +396,11 @@ def format_table(table: pd.DataFrame, effects: pd.DataFrame | None) -> str:
                                                        strict=True)],
         "exact": table["exactly_determined"].map({True: "yes", False: "no"}).fillna(""),
         "LOO": table["loo_predicted"].map(_fmt), "LOO error": table["loo_error"].map(
-            lambda e: _fmt(e, "{:+.1%}")), "note": table["loo_note"]})
+            lambda e: _fmt(e, "{:+.1%}")),
+        "over seeds": [_fmt(lo, "{:+.1%}") + (f" to {hi:+.1%}" if lo == lo else "")
+                       for lo, hi in zip(table["seed_error_min"], table["seed_error_max"],
+                                         strict=True)],
+        "note": table["loo_note"]})
     parts = [t.to_string(index=False)]
     if effects is not None:
         e = pd.DataFrame({
@@ -392,6 +436,16 @@ def run(args: argparse.Namespace, cfg: RunConfig, profile: Profile
         raise KeyboardInterrupt
     timings["headline_s"] = time.perf_counter() - t0
     headline = headline_predictions(figs, result.summary)
+    seeds = [hcfg.seed + k for k in range(1, args.headline_seeds + 1)]
+    if seeds:
+        t0 = time.perf_counter()
+        _stage(f"the same headline scenario at seeds {', '.join(map(str, seeds))}, over "
+               f"{args.jobs} process(es)")
+        runs = [_at_seed(args, headline_fit, s) for s in seeds]
+        seed_spread(headline, [headline_predictions(figs, s) for s in parallel_map(
+            (delayed(_headline_summary)(c) for c in runs), len(runs), args.jobs,
+            "headline seeds")])
+        timings["headline_seeds_s"] = time.perf_counter() - t0
     loo = None
     if not args.no_loo:
         t0 = time.perf_counter()
@@ -412,7 +466,8 @@ def run(args: argparse.Namespace, cfg: RunConfig, profile: Profile
     meta = {"scenario": result.summary["scenario"], "layout": result.summary["layout"],
             "num_gpus": result.summary["num_gpus"], "overrides": list(args.override),
             "headline_scenario": hcfg.deployment.name + " | " + hcfg.workload.name,
-            "window_s": hcfg.workload.replay.window_s, "effects_window_s": args.effects_window_s,
+            "window_s": hcfg.workload.replay.window_s, "headline_seeds": [hcfg.seed, *seeds],
+            "effects_window_s": args.effects_window_s,
             "profile": str(cfg.perf.profile), "profile_created_at": profile.meta.get(
                 "created_at"), "headline_fit": str(HEADLINE_FIT) if headline_fit else None,
             "timings_s": timings}

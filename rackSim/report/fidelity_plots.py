@@ -42,6 +42,11 @@ def _ratio_panel(ax: plt.Axes, table: pd.DataFrame) -> None:
         if sel.any():
             ax.scatter(ratio[sel], y[sel], label=status, zorder=3,
                        **{"edgecolors": style["color"], **style})
+    seeded = rows["seed_error_min"].notna().to_numpy()
+    if seeded.any():  # the headline's ratio over seeds, behind its point
+        ax.hlines(y[seeded], 1 + rows.loc[seeded, "seed_error_min"],
+                  1 + rows.loc[seeded, "seed_error_max"], color="0.45", lw=5, alpha=0.5,
+                  zorder=2, label="over seeds")
     has = loo.notna().to_numpy()
     if has.any():
         ax.hlines(y[has], ratio[has], loo[has], color="tab:red", lw=0.8)

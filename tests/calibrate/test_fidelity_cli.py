@@ -47,7 +47,16 @@ def test_cli_writes_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     summ = json.loads((out / "fidelity.json").read_text())
     assert summ["complete"] is True and summ["num_gpus"] == 8
     assert summ["overrides"] == ["experiment=smoke"] and summ["headline_fit"] is None
-    assert set(summ["timings_s"]) == {"headline_s", "effects_s", "total_s"}
+    assert set(summ["timings_s"]) == {"headline_s", "headline_seeds_s", "effects_s", "total_s"}
+    # the headline at seeds 0 (reported), 1 and 2: each of H1-H3 gets its error's range
+    assert summ["headline_seeds"] == [0, 1, 2]
+    rows = table.set_index("key")
+    for fid in ("H1", "H2", "H3"):
+        lo, hi = rows.loc[fid, ["seed_error_min", "seed_error_max"]]
+        assert lo <= rows.loc[fid, "error"] <= hi
+        assert summ["error_over_seeds"][fid] == pytest.approx([lo, hi])
+    assert rows.drop(index=["H1", "H2", "H3"])[["seed_error_min", "seed_error_max"]].isna(
+        ).all().all()
     assert summ["effects"]["noise"]["throughput"]["throughput_ratio"] == pytest.approx(
         abs(eff.set_index("effect").loc["noise", "throughput_ratio"] - 1))
     captured = capsys.readouterr()
@@ -56,6 +65,7 @@ def test_cli_writes_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     # each stage says it has started (minutes each; the bars show on a terminal only)
     assert captured.err.splitlines() == [
         "racksim-fidelity: the reference scenario, a 5-s window ...",
+        "racksim-fidelity: the same headline scenario at seeds 1, 2, over 1 process(es) ...",
         "racksim-fidelity: effects: 2 variant / baseline comparisons, simulated in 5-s windows "
         "over 1 process(es) ..."]
 
@@ -65,6 +75,7 @@ def test_cli_writes_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     (["--window-s", "nan"], "argument --window-s: nan must be above 0"),
     (["--effects-window-s", "0"], "argument --effects-window-s: 0 must be above 0"),
     (["--jobs", "0"], "argument --jobs: 0 must be above 0"),
+    (["--headline-seeds", "-1"], "argument --headline-seeds: -1 must be at least 0"),
 ])
 def test_bad_numbers_are_usage_errors(args: list[str], expect: str, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,6 +141,20 @@ def test_out_under_a_file_or_unwritable(tmp_path: Path,
         locked.mkdir(mode=0o555)
         assert fidelity.main(["--out", str(locked / "r")]) == FidelityError.exit_code
         assert "is not writable" in capsys.readouterr().err
+
+
+def test_no_headline_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                           capsys: pytest.CaptureFixture[str]) -> None:
+    """--headline-seeds 0 simulates the headline once: no range over seeds."""
+    monkeypatch.setattr(fidelity, "HEADLINE_FIT", tmp_path / "absent.yaml")
+    out = tmp_path / "o"
+    assert fidelity.main([*FAST, "--no-effects", "--headline-seeds", "0", "--out",
+                          str(out)]) == 0
+    summ = json.loads((out / "fidelity.json").read_text())
+    assert summ["headline_seeds"] == [0] and summ["error_over_seeds"] == {}
+    assert "headline_seeds_s" not in summ["timings_s"]
+    assert pd.read_csv(out / "fidelity.csv")["seed_error_min"].isna().all()
+    assert "seeds" not in capsys.readouterr().err
 
 
 def test_bad_headline_fit_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 from matplotlib.collections import PathCollection
 
 import rackSim.report.fidelity_plots as fidelity_plots
@@ -18,7 +19,9 @@ def test_no_marker_lies_under_a_legend(caught_figures, tmp_path):
         "key": keys, "published": 100.0, "predicted": 100.0 * np.array(ratios),
         "status": ["fitted"] * 20 + ["predicted"] * 4,
         "loo_predicted": [120.0] * 20 + [np.nan] * 4,
-        "exactly_determined": [True] * 20 + [False] * 4})
+        "exactly_determined": [True] * 20 + [False] * 4,
+        "seed_error_min": [np.nan] * 21 + [-0.91, 1.35, -0.82],
+        "seed_error_max": [np.nan] * 21 + [-0.88, 1.45, -0.79]})
     effects = pd.DataFrame({
         "effect": [f"effect {i}" for i in range(12)],
         "throughput_ratio": np.linspace(0.7, 2.3, 12)[::-1],
@@ -36,3 +39,8 @@ def test_no_marker_lies_under_a_legend(caught_figures, tmp_path):
         inside = ((points[:, 0] >= box.x0) & (points[:, 0] <= box.x1)
                   & (points[:, 1] >= box.y0) & (points[:, 1] <= box.y1))
         assert not inside.any(), points[inside]
+    # the headline rows' range over seeds: one bar each, from 1 + min to 1 + max error
+    bars = [c for c in fig.axes[0].collections if c.get_label() == "over seeds"]
+    assert len(bars) == 1
+    spans = sorted(v for seg in bars[0].get_segments() for v in (seg[0][0], seg[1][0]))
+    assert spans == pytest.approx([0.09, 0.12, 0.18, 0.21, 2.35, 2.45])

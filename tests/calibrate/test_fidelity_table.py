@@ -14,9 +14,11 @@ from rackSim.calibrate.fidelity import (
     build_table,
     classify,
     fit_dof,
+    format_table,
     headline_predictions,
     loo_note,
     read_headline_fit,
+    seed_spread,
     summary,
 )
 from rackSim.perf.profile import Profile
@@ -142,6 +144,29 @@ def test_table_with_headline_fit_and_without_loo() -> None:
     assert df.loc["H1", "loo_note"] == "refit without H1"
     assert df.loc["H2", "loo_note"] == "n/a (not in the headline fit's loo)"
     assert df.loc["X.on", "loo_note"] == "not run (--no-loo)"
+
+
+def test_headline_error_over_seeds() -> None:
+    """H1-H3 carry the range of their error over the reported seed and the others; the
+    other rows none; the summary and the terminal view show it."""
+    h = _headline()
+    other = headline_predictions(_figs(), {"throughput_tok_s_gpu": 40.0,
+                                           "interactivity_tok_s": 260.0,
+                                           "revenue_usd_gpu_h": 40.0, "num_gpus": 48})
+    seed_spread(h, [other])
+    df = build_table(_figs(), FIT_ROWS, _profile(), h, None, LOO)
+    rows = df.set_index("key")
+    assert list(rows.loc["H1", ["seed_error_min", "seed_error_max"]]) == pytest.approx(
+        [-0.6, -0.5])
+    assert list(rows.loc["H2", ["seed_error_min", "seed_error_max"]]) == pytest.approx(
+        [0.25, 0.3])
+    assert list(rows.loc["H3", ["seed_error_min", "seed_error_max"]]) == [0.0, 0.0]
+    assert rows.drop(index=["H1", "H2", "H3"])["seed_error_min"].isna().all()
+    assert summary(df, None)["error_over_seeds"] == {"H1": pytest.approx([-0.6, -0.5]),
+                                                     "H2": pytest.approx([0.25, 0.3]),
+                                                     "H3": [0.0, 0.0]}
+    view = format_table(df, None)
+    assert "over seeds" in view and "-60.0% to -50.0%" in view
 
 
 def test_table_without_simulation_and_its_summary() -> None:
