@@ -326,9 +326,14 @@ def _at_seed(args: argparse.Namespace, headline_fit: dict[str, Any] | None, seed
     `seed`, with --override."""
     if headline_fit is not None:
         return fitted_headline_scenario(headline_fit, [*args.override, f"seed={seed}"])
+    return _default_scenario(args, f"seed={seed}")
+
+
+def _default_scenario(args: argparse.Namespace, *extra: str) -> RunConfig:
+    """The default scenario with --override, the headline window and `extra` overrides."""
     try:
         return compose_scenario([*args.override, f"workload.replay.window_s={args.window_s}",
-                                 "progress=false", f"seed={seed}"])
+                                 "progress=false", *extra])
     except ScenarioError as err:
         raise FidelityError(one_line(f"scenario: {err}")) from err
 
@@ -343,11 +348,7 @@ def _headline_summary(cfg: RunConfig) -> dict[str, Any]:
 
 def _reference(args: argparse.Namespace) -> tuple[RunConfig, Profile]:
     """The default scenario (with --override and the headline window) and its profile."""
-    try:
-        cfg = compose_scenario([*args.override, f"workload.replay.window_s={args.window_s}",
-                                "progress=false"])
-    except ScenarioError as err:
-        raise FidelityError(one_line(f"scenario: {err}")) from err
+    cfg = _default_scenario(args)
     reference = operating_point().model.name
     if cfg.model.name != reference:
         raise FidelityError(f"model: the published figures are {reference}'s, so the report "
