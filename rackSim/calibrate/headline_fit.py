@@ -139,8 +139,11 @@ def _mark(best: LayoutFit) -> str:
 
 
 def write_workload(best: LayoutFit, base_spec: dict[str, Any], path: Path, stamp: str,
-                   record: Path = RECORD) -> None:
-    """The fitted AgentX workload YAML, each fitted line marked (see `_mark`)."""
+                   record: Path = RECORD, drain_s: float = FitSettings.drain_s) -> None:
+    """The fitted AgentX workload YAML, each fitted line marked (see `_mark`). Its replay
+    drains for the fit's `drain_s` (s): a window's requests in flight at its end finish and
+    count, as in the fit; without it a short window loses their output (docs/
+    reference_scenario.md)."""
     mark = _mark(best)
     lines = [
         f"# AgentX-style workload: {mark} for the published headline H1-H3 ({stamp},",
@@ -168,7 +171,9 @@ def write_workload(best: LayoutFit, base_spec: dict[str, Any], path: Path, stamp
     lines += ["replay:",
               f"  concurrency: {conc}  # {mark} (live agent clients; not public)",
               "  start: steady", "  primer: true", "  warmup_requests_per_lane: 10   # AgentX",
-              "  window_s: 3600                 # AgentX: one-hour window", "  drain_s: 0", ""]
+              "  window_s: 3600                 # AgentX: one-hour window",
+              f"  drain_s: {drain_s:g}                   # the fit's: the window's requests in "
+              "flight finish and count", ""]
     path.write_text("\n".join(lines))
 
 
@@ -434,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
 
     base_cfg = compose_scenario(list(BASE))
     spec = (base_cfg.workload.agentx or AgentXSpec()).model_dump(mode="json")
-    write_workload(best, spec, paths[0], stamp, paths[2])
+    write_workload(best, spec, paths[0], stamp, paths[2], settings.drain_s)
     write_deployment(best, SCENARIOS / "deployment" / "agentx_p8_dep32.yaml", paths[1], stamp)
     paths[2].write_text(yaml.safe_dump(out, sort_keys=False, width=100))
     print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)

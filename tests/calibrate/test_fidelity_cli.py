@@ -180,6 +180,20 @@ def test_ctrl_c_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert not out.exists()
 
 
+def test_ctrl_c_at_the_other_seeds_writes_nothing(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    def interrupted(cfg):  # noqa: ANN001, ANN202 - stands in for the seed runs
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fidelity, "HEADLINE_FIT", tmp_path / "absent.yaml")
+    monkeypatch.setattr(fidelity, "_headline_summary", interrupted)
+    out = tmp_path / "o"
+    assert fidelity.main([*FAST, "--no-effects", "--out", str(out)]) == fidelity.EXIT_INTERRUPTED
+    assert "interrupted; nothing written" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_console_script_is_installed(tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("racksim-fidelity")
     proc = subprocess.run([str(exe), "--window-s", "0", "--out", str(tmp_path / "o")],

@@ -150,6 +150,8 @@ def test_written_scenarios_validate(tmp_path: Path) -> None:
     assert spec.output_tokens.median == pytest.approx(fit.params["output_tokens_median"],
                                                       rel=1e-4)
     assert w["replay"]["concurrency"] == round(fit.params["concurrency"])
+    # it drains as the fit did: a short window counts the output of its requests in flight
+    assert w["replay"]["drain_s"] == FitSettings().drain_s
     assert wl.read_text().count("FITTED to H1-H3") == 8  # the header and seven values
     assert spec.resent_output_share == pytest.approx(fit.params["resent_output_share"],
                                                      rel=1e-4)

@@ -37,6 +37,8 @@ def test_fitted_scenario_is_the_recorded_point(record: dict) -> None:
     assert agentx.resent_output_share == pytest.approx(best["params"]["resent_output_share"],
                                                        rel=1e-4)
     assert 34 <= cfg.deployment.num_gpus <= 64  # H4
+    # any window of it drains as the fit's did: the output of its requests in flight counts
+    assert cfg.workload.replay.drain_s == record["settings"]["drain_s"]
     # the reference (no overrides) stays the assumed scenario
     assert compose_scenario([]).workload.name == "agentx"
 
