@@ -91,7 +91,8 @@ def test_a_full_instance_refills_every_freed_slot(smoke_cfg):
     steps.) And a rank takes its requests in the order their KV arrived."""
     cfg = with_changes(smoke_cfg, deployment={"decode": {"gpus": 16, "max_num_seqs_per_rank": 2}},
                        workload={"num_sessions": 200,
-                                 "replay": {"concurrency": 1500, "window_s": 20.0}})
+                                 "replay": {"concurrency": 1500, "window_s": 20.0,
+                                            "drain_s": 0.0}})  # no drain's emptying steps
     out = _sim(cfg).run(progress=False)
     steps = out.steps.frame()
     decode = steps[steps["instance"] == "decode"]

@@ -59,7 +59,9 @@ def test_a_drain_that_ends_early_shows_complete_and_an_interrupted_one_does_not(
 
 
 def test_a_closed_loop_run_counts_its_warm_lanes_then_the_window(smoke_cfg, capsys):
-    """A real run of the smoke scenario (48 lanes, one warm-up request each)."""
+    """A real run of the smoke scenario (48 lanes, one warm-up request each): the warm-up,
+    the window to its end, then its drain, which ends early (nothing left in flight) and
+    reads complete."""
     sessions = load_sessions(smoke_cfg.workload, smoke_cfg.seed)
     out = Simulation(smoke_cfg, sessions).run(progress=True)
     assert not out.partial
@@ -70,13 +72,20 @@ def test_a_closed_loop_run_counts_its_warm_lanes_then_the_window(smoke_cfg, caps
     assert warm[0] == ("warm-up", 0.0, lanes, "lanes") and warm[-1][1] == lanes
     assert [x[1] for x in warm] == sorted(x[1] for x in warm)
     assert seen.index(warm[-1]) < seen.index(window[0]) and window[0][1] == 0.0
-    assert seen[-1] == ("window", *(2 * [smoke_cfg.workload.replay.window_s]), "sim s")
+    replay = smoke_cfg.workload.replay
+    scale = replay.window_s + replay.drain_s  # one scale: the window, then the drain
+    assert all(x[2] == scale and x[1] <= replay.window_s for x in window)
+    bar, done, total, _ = seen[-1]
+    assert bar == "drain" and done == total and replay.window_s < done < (replay.window_s
+                                                                         + replay.drain_s)
 
 
 def test_a_run_without_warm_up_shows_the_window_only(capsys):
-    """No warm-up requests and no primer: the window opens at 0 and no warm-up bar shows."""
+    """No warm-up requests and no primer: the window opens at 0 and no warm-up bar shows
+    (the window's bar, then the drain's)."""
     cfg = compose_scenario(["experiment=smoke", "workload.replay.warmup_requests_per_lane=0",
                             "workload.replay.primer=false", "workload.replay.window_s=10"])
     Simulation(cfg, load_sessions(cfg.workload, cfg.seed)).run(progress=True)
     seen = _lines(capsys.readouterr().err)
-    assert seen and {x[0] for x in seen} == {"window"} and seen[-1][1] == 10.0
+    assert seen[0][:2] == ("window", 0.0) and {x[0] for x in seen} == {"window", "drain"}
+    assert seen[-1][0] == "drain" and 10.0 < seen[-1][1] == seen[-1][2]
