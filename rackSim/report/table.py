@@ -37,4 +37,8 @@ def format_summary(summary: dict, title: str = "") -> str:
         lines.append(f"  {label:<28} {value:>24} {unit}")
     if summary.get("partial"):
         lines.append("  PARTIAL: interrupted before the window ended")
+    elif summary.get("requests_in_flight"):  # the drain ended (or there was none) first
+        lines.append(f"  NOTE: {summary['requests_in_flight']:,} requests sent in the window were "
+                     "still in flight at the end, so none of their output counts; "
+                     "raise workload.replay.drain_s to let them finish")
     return "\n".join(lines)
