@@ -86,7 +86,7 @@ def simulate(cfg: RunConfig, sessions: list[SessionGraph] | None = None,
         "prefill_instances": cfg.deployment.prefill.instances,
         "partial": out.partial, "sim_s": out.sim_s, "wall_s": out.wall_s, "events": out.events,
         "kv_bytes_moved": out.kv_bytes_moved, "kv_bytes_cross_rack": out.kv_bytes_cross_rack,
-        "window_start_s": out.window_start_s,
+        "window_start_s": out.window_start_s, "window_end_s": out.window_end_s,
         "seed": cfg.seed,
     }
     result = summarize(out.requests, out.steps, out.itl, out.window_start_s, out.window_end_s,

@@ -149,10 +149,9 @@ def decode_breakdown_bars(steps: pd.DataFrame, t0: float, t1: float
 
 def plot_decode_breakdown(result: Result, path: Path) -> Path:
     """Mean decode step time by component over the window, one bar per decode instance."""
-    t0 = result.summary.get("window_start_s")
-    t0, t1 = ((-math.inf, math.inf) if t0 is None  # no window: every step
-              else (t0, t0 + result.summary.get("window_s", math.inf)))
-    title, bars = decode_breakdown_bars(result.steps, t0, t1)
+    t0, t1 = (result.summary.get(k) for k in ("window_start_s", "window_end_s"))
+    title, bars = decode_breakdown_bars(result.steps, -math.inf if t0 is None else t0,
+                                        math.inf if t1 is None else t1)  # none: every step
     fig, ax = plt.subplots(figsize=(8.5, max(3.2, 2.2 + 0.35 * len(bars))))
     if not bars.empty:
         y = np.arange(len(bars))

@@ -150,3 +150,27 @@ def test_a_narrow_inter_token_latency_spread_is_labelled_between_decades(
     assert len(narrow) >= 4 and "2" in narrow, narrow
     wide = labels(np.r_[np.linspace(1.5, 3.0, 500), 2000.0])  # three decades: decades only
     assert set(wide) <= {"1", "10", "100", "1000"} and len(wide) >= 3, wide
+
+
+def test_the_breakdown_figure_takes_the_runs_window(monkeypatch, tmp_path) -> None:
+    """The figure's steps are the summary's: those started in [window_start_s, window_end_s),
+    which a run's summary records; without them, every step."""
+    import rackSim.report.plots as plots
+    from rackSim.config import compose_scenario
+    from rackSim.run import simulate
+
+    seen = []
+
+    def bars(steps, t0, t1):  # noqa: ANN001, ANN202 - records the window it was given
+        seen.append((t0, t1))
+        return "t", pd.DataFrame()
+
+    monkeypatch.setattr(plots, "decode_breakdown_bars", bars)
+    for summary in ({"window_start_s": 10.0, "window_end_s": 20.0}, {}):
+        plots.plot_decode_breakdown(Result(summary, pd.DataFrame(), pd.DataFrame(),
+                                           pd.DataFrame(), LatencyHistogram()),
+                                    tmp_path / "b.png")
+    assert seen == [(10.0, 20.0), (-np.inf, np.inf)]
+    s = simulate(compose_scenario(["experiment=smoke", "workload.replay.window_s=5",
+                                   "progress=false"]), progress=False).summary
+    assert s["window_end_s"] - s["window_start_s"] == pytest.approx(s["window_s"])
