@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 from joblib import delayed
@@ -122,12 +123,19 @@ def default_effects(cfg: RunConfig) -> list[Effect]:
     ]
 
 
-def measure(cfg: RunConfig) -> dict[str, float]:
-    """Simulate `cfg`: tok/s per GPU, input tok/s per prefill GPU, interactivity (tok/s/user).
-    Raises KeyboardInterrupt if the run was interrupted (a partial window is no result)."""
-    s = simulate(cfg, progress=False).summary
+def complete_summary(cfg: RunConfig, progress: bool = False) -> dict[str, Any]:
+    """Simulate `cfg`; its summary. Raises KeyboardInterrupt if the run was interrupted (a
+    partial window is no result)."""
+    s = simulate(cfg, progress=progress).summary
     if s.get("partial"):
         raise KeyboardInterrupt
+    return s
+
+
+def measure(cfg: RunConfig) -> dict[str, float]:
+    """Simulate `cfg` (`complete_summary`): tok/s per GPU, input tok/s per prefill GPU,
+    interactivity (tok/s/user)."""
+    s = complete_summary(cfg)
     p = cfg.deployment.prefill
     prefill = ((s["cached_input_tok_s_gpu"] + s["uncached_input_tok_s_gpu"]) * s["num_gpus"]
                / (p.instances * p.gpus_per_instance))

@@ -40,7 +40,13 @@ import yaml
 from joblib import delayed
 
 from rackSim.calibrate import figures
-from rackSim.calibrate.effects import default_effects, effect_noise, one_line, run_effects
+from rackSim.calibrate.effects import (
+    complete_summary,
+    default_effects,
+    effect_noise,
+    one_line,
+    run_effects,
+)
 from rackSim.calibrate.fit import fit_table
 from rackSim.calibrate.loo import calibration_loo, figure_id, parallel_map
 from rackSim.calibrate.scenario import CALIBRATION, operating_point
@@ -49,7 +55,6 @@ from rackSim.config.errors import InputError, ScenarioError
 from rackSim.config.flags import count, positive_float, positive_int, unwritable
 from rackSim.perf.profile import Profile
 from rackSim.report.fidelity_plots import plot_fidelity
-from rackSim.run import simulate
 
 HEADLINE_FIT = CALIBRATION / "headline_fit.yaml"
 #: the scenario `racksim-calibrate workload` writes when the headline fit converges
@@ -338,14 +343,6 @@ def _default_scenario(args: argparse.Namespace, *extra: str) -> RunConfig:
         raise FidelityError(one_line(f"scenario: {err}")) from err
 
 
-def _headline_summary(cfg: RunConfig) -> dict[str, Any]:
-    """Simulate a headline scenario; its summary. KeyboardInterrupt if it was interrupted."""
-    summary = simulate(cfg, progress=False).summary
-    if summary.get("partial"):
-        raise KeyboardInterrupt
-    return summary
-
-
 def _reference(args: argparse.Namespace) -> tuple[RunConfig, Profile]:
     """The default scenario (with --override and the headline window) and its profile."""
     cfg = _default_scenario(args)
@@ -432,11 +429,9 @@ def run(args: argparse.Namespace, cfg: RunConfig, profile: Profile
         hcfg = fitted_headline_scenario(headline_fit, args.override)
         _stage(f"the fitted headline scenario, a {hcfg.workload.replay.window_s:g}-s window "
                "as its fit evaluated it")
-    result = simulate(hcfg, progress=sys.stderr.isatty())
-    if result.summary.get("partial"):
-        raise KeyboardInterrupt
+    simulated = complete_summary(hcfg, progress=sys.stderr.isatty())
     timings["headline_s"] = time.perf_counter() - t0
-    headline = headline_predictions(figs, result.summary)
+    headline = headline_predictions(figs, simulated)
     seeds = [hcfg.seed + k for k in range(1, args.headline_seeds + 1)]
     if seeds:
         t0 = time.perf_counter()
@@ -444,7 +439,7 @@ def run(args: argparse.Namespace, cfg: RunConfig, profile: Profile
                f"{args.jobs} process(es)")
         runs = [_at_seed(args, headline_fit, s) for s in seeds]
         seed_spread(headline, [headline_predictions(figs, s) for s in parallel_map(
-            (delayed(_headline_summary)(c) for c in runs), len(runs), args.jobs,
+            (delayed(complete_summary)(c) for c in runs), len(runs), args.jobs,
             "headline seeds")])
         timings["headline_seeds_s"] = time.perf_counter() - t0
     loo = None
@@ -464,8 +459,8 @@ def run(args: argparse.Namespace, cfg: RunConfig, profile: Profile
         effects = run_effects(todo, args.override, args.effects_window_s, args.jobs)
         timings["effects_s"] = time.perf_counter() - t0
     table = build_table(figs, fit_rows, profile, headline, headline_fit, loo)
-    meta = {"scenario": result.summary["scenario"], "layout": result.summary["layout"],
-            "num_gpus": result.summary["num_gpus"], "overrides": list(args.override),
+    meta = {"scenario": simulated["scenario"], "layout": simulated["layout"],
+            "num_gpus": simulated["num_gpus"], "overrides": list(args.override),
             "headline_scenario": hcfg.deployment.name + " | " + hcfg.workload.name,
             "window_s": hcfg.workload.replay.window_s, "headline_seeds": [hcfg.seed, *seeds],
             "effects_window_s": args.effects_window_s,

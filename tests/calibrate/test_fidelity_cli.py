@@ -183,14 +183,20 @@ def test_ctrl_c_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 def test_ctrl_c_at_the_other_seeds_writes_nothing(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    def interrupted(cfg):  # noqa: ANN001, ANN202 - stands in for the seed runs
-        raise KeyboardInterrupt
+    real = fidelity.complete_summary
+
+    def interrupted(cfg, progress=False):  # noqa: ANN001, ANN202 - the other seeds stop
+        if cfg.seed > 0:
+            raise KeyboardInterrupt
+        return real(cfg, progress)
 
     monkeypatch.setattr(fidelity, "HEADLINE_FIT", tmp_path / "absent.yaml")
-    monkeypatch.setattr(fidelity, "_headline_summary", interrupted)
+    monkeypatch.setattr(fidelity, "complete_summary", interrupted)
     out = tmp_path / "o"
     assert fidelity.main([*FAST, "--no-effects", "--out", str(out)]) == fidelity.EXIT_INTERRUPTED
-    assert "interrupted; nothing written" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "headline scenario at seeds 1, 2" in err  # the seeds' stage had started
+    assert "interrupted; nothing written" in err
     assert not out.exists()
 
 
