@@ -36,6 +36,7 @@ from pathlib import Path
 
 from rackSim.config import compose_scenario
 from rackSim.engine.simulation import Simulation
+from rackSim.run import layout_name
 from rackSim.workload.sources import load_sessions
 
 COLS = ("layout", "racks", "gpus", "concurrency", "setup_s", "sim_s", "wall_s", "cpu_s",
@@ -87,7 +88,7 @@ def one(layout: str | None, racks: int, window_s: float, warmup: int,
     c0 = time.process_time()
     out = sim.run(progress=False)
     cpu = time.process_time() - c0
-    return {"layout": cfg.deployment.name, "racks": racks, "gpus": cfg.deployment.num_gpus,
+    return {"layout": layout_name(cfg.deployment), "racks": racks, "gpus": cfg.deployment.num_gpus,
             "concurrency": cfg.workload.replay.concurrency, "setup_s": setup,
             "sim_s": out.sim_s, "wall_s": out.wall_s, "cpu_s": cpu,
             "cpu_s_per_sim_h": cpu / out.sim_s * 3600, "events": out.events,

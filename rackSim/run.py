@@ -51,6 +51,15 @@ def layout_name(dep: DeploymentSpec) -> str:
     return " + ".join(labels)
 
 
+def scenario_label(cfg: RunConfig) -> str:
+    """`layout (deployment) | model | hardware`, e.g. `P8xDEP2+DEP16 (agentx_p8_dep32) |
+    DeepSeek-V4.1-Flash | GB300-NVL72`: the layout simulated, which overrides may have changed
+    from the deployment's own, then the deployment's name (left out when it is the layout)."""
+    layout, name = layout_name(cfg.deployment), cfg.deployment.name
+    head = layout if name == layout else f"{layout} ({name})"
+    return f"{head} | {cfg.model.name} | {cfg.hardware.name}"
+
+
 def _dbo(instances) -> str:
     """`(dbo)` after an instance kind that runs with dual-batch overlap."""
     return DBO_MARK if instances.dbo.enabled else ""
@@ -80,7 +89,7 @@ def simulate(cfg: RunConfig, sessions: list[SessionGraph] | None = None,
     sim = Simulation(cfg, sessions)
     out = sim.run(progress=cfg.progress if progress is None else progress)
     extra = {
-        "scenario": f"{cfg.deployment.name} | {cfg.model.name} | {cfg.hardware.name}",
+        "scenario": scenario_label(cfg),
         "deployment": cfg.deployment.name, "concurrency": cfg.workload.replay.concurrency,
         "layout": layout_name(cfg.deployment), "decode_gpus": decode_width(cfg.deployment),
         "prefill_instances": cfg.deployment.prefill.instances,

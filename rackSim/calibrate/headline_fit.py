@@ -194,14 +194,15 @@ def _set_in_section(text: str, section: str, key: str, value: str) -> str:
 
 
 def write_deployment(best: LayoutFit, base_path: Path, path: Path, stamp: str) -> None:
-    """The base deployment YAML with the fitted layout (instances, decode width, name)."""
+    """The base deployment YAML with the fitted layout (instances, decode width), named after
+    `path` as a scenario option is."""
     text = base_path.read_text()
     lay = best.layout
     mark = _mark(best)
     header = (f"# The AgentX layout within H4: {mark} ({stamp},\n# racksim-calibrate "
               "workload; record in calibration/). Everything else as in "
               f"{base_path.name}.\n")
-    text = re.sub(r"(?m)^name: .*$", f"name: {layout_label(lay)}", text)
+    text = re.sub(r"(?m)^name: .*$", f"name: {path.stem}", text)
     text = re.sub(r"(?m)^router: .*$", f"router: {ROUTER}   # ASSUMED: see "
                   "docs/reference_scenario.md (least work is bistable here)", text)
     text = _set_in_section(text, "prefill", "instances",

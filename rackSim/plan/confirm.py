@@ -60,7 +60,7 @@ def candidate_config(row: pd.Series, plan: PlanSpec, cfg: RunConfig) -> dict:
         *(bool(row[c]) for c in ("prefill_dbo", "decode_dbo", "colocated_dbo")))
     deployment: dict = {
         **layout_deployment(cfg, layout, plan.space),
-        "name": f"{row['layout']} x{racks}" if fleet else f"{row['layout']} (1 of {racks})",
+        "name": "plan candidate" if fleet else f"plan candidate, 1 rack of {racks}",
         "racks": racks if fleet else 1,
         "router": "session_affinity",
         "fleet_router": {"policy": "session_affinity"},

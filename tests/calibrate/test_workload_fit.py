@@ -157,7 +157,7 @@ def test_written_scenarios_validate(tmp_path: Path) -> None:
                                                      rel=1e-4)
     d = yaml.safe_load(dep.read_text())
     assert d["prefill"]["instances"] == 12 and d["decode"]["gpus"] == 16
-    assert d["prefill"]["gpus_per_instance"] == 2 and d["name"] == "P12xDEP2+DEP16"
+    assert d["prefill"]["gpus_per_instance"] == 2 and d["name"] == "d"  # named after its file
     assert d["router"] == headline_fit.ROUTER
 
 

@@ -11,7 +11,7 @@ from rackSim.calibrate.headline import read_headline
 from rackSim.calibrate.headline_fit import RECORD, WORKLOAD_YAML
 from rackSim.calibrate.workload_fit import TARGET_KEYS, FitSettings
 from rackSim.config import compose_scenario
-from rackSim.run import simulate
+from rackSim.run import layout_name, simulate
 
 FITTED = ["workload=agentx_fitted", "deployment=agentx_fitted"]
 
@@ -27,7 +27,7 @@ def test_fitted_scenario_is_the_recorded_point(record: dict) -> None:
     assert best["converged"]  # the record and the scenario say so
     assert all(abs(e) <= FitSettings().tolerance for e in best["errors"].values())
     assert "FITTED to H1-H3" in WORKLOAD_YAML.read_text()
-    assert cfg.deployment.name == best["layout"]
+    assert layout_name(cfg.deployment) == best["layout"]
     assert cfg.deployment.router == "session_affinity"
     # the record keeps 5 significant digits (9794.5), the scenario the whole clients
     assert abs(cfg.workload.replay.concurrency - best["params"]["concurrency"]) <= 1

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from rackSim.config import compose_scenario, with_changes
-from rackSim.run import layout_name, simulate_to
+from rackSim.run import layout_name, scenario_label, simulate_to
 
 
 def test_fleet_run_writes_rack_and_instance_tables(tmp_path):
@@ -42,3 +42,15 @@ def test_fleet_run_writes_rack_and_instance_tables(tmp_path):
 ])
 def test_layout_labels_name_the_rack_groups(overrides, label):
     assert layout_name(compose_scenario(overrides).deployment) == label
+
+
+@pytest.mark.parametrize("overrides, label", [
+    ([], "P8xDEP2+DEP32 (agentx_p8_dep32) | DeepSeek-V4.1-Flash | GB300-NVL72"),
+    # an override changes the layout simulated, not the deployment it started from
+    (["deployment.decode.gpus=16", "hardware=gb200_nvl72"],
+     "P8xDEP2+DEP16 (agentx_p8_dep32) | DeepSeek-V4.1-Flash | GB200-NVL72"),
+    (["experiment=smoke"], "P2xDEP2+DEP4 (smoke) | DeepSeek-V4.1-Flash | GB300-NVL72"),
+    (["deployment.name=P8xDEP2+DEP32"], "P8xDEP2+DEP32 | DeepSeek-V4.1-Flash | GB300-NVL72"),
+])
+def test_the_scenario_label_names_the_layout_simulated(overrides, label):
+    assert scenario_label(compose_scenario(overrides)) == label
