@@ -46,6 +46,18 @@ SUMMARY_KEYS = (
     "requests_finished", "requests_sent", "requests_failed", "requests_in_flight",
 )
 
+#: TTFT's stages (simulated requests): the summary's `ttft_<stage>_ms` is the mean over the
+#: window's finished requests of the time between the two record fields, and the five add up
+#: to the mean TTFT. A colocated instance emits the first token as its prompt ends, so the
+#: last three stages are 0 there.
+TTFT_STAGES = (
+    ("prefill_queue", "send_s", "prefill_start_s"),      # routing and waiting for a step
+    ("prefill", "prefill_start_s", "prefill_end_s"),     # the prompt's steps
+    ("kv_transfer", "prefill_end_s", "kv_ready_s"),      # push: until the KV has landed
+    ("decode_admission", "kv_ready_s", "decode_start_s"),  # waiting for a decode slot
+    ("first_step", "decode_start_s", "first_token_s"),   # the decode step that emits it
+)
+
 
 @dataclass
 class Result:
@@ -176,6 +188,12 @@ def _interactivity(itl: LatencyHistogram) -> float:
     return 1e3 / p90 if p90 and not math.isnan(p90) else math.nan
 
 
+def _mean(s: pd.Series) -> float:
+    """Mean of the values that are known (NaN when none is, e.g. a measured run's stages)."""
+    s = s.dropna()
+    return float(s.mean()) if len(s) else math.nan
+
+
 def _pct(s: pd.Series, q: float) -> float:
     s = s.dropna()
     return float(np.percentile(s, q)) if len(s) else math.nan
@@ -283,10 +301,14 @@ def summarize(records: Records, step_rows: list[tuple] | StepLog,
         "requests_in_flight": int((sent["finish_s"].isna() & sent["error"].isna()).sum()),
         "window_s": window, "num_gpus": num_gpus,
     }
+    for stage, start, end in TTFT_STAGES:
+        summary[f"ttft_{stage}_ms"] = _mean((done[end] - done[start]) * 1e3)
     racks = instances = pd.DataFrame()
     if fleet is not None:
         racks, instances = fleet_tables(df, steps, fleet, t0, t1)
         summary["racks"] = len(fleet.rack_gpus)
+        for role, share in instances.groupby("role")["busy_share"].mean().items():
+            summary[f"{role}_busy_share"] = float(share)
         summary["decoded_elsewhere_share"] = float(
             (sent["decode_rack"] != sent["prefill_rack"]).mean()) if len(sent) else math.nan
     summary.update(extra or {})

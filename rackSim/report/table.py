@@ -21,6 +21,31 @@ _ROWS = (
 )
 
 
+#: TTFT's stages as the terminal names them (summary key `ttft_<stage>_ms`)
+_STAGES = (("prefill_queue", "queue"), ("prefill", "prefill"), ("kv_transfer", "KV"),
+           ("decode_admission", "admission"), ("first_step", "first step"))
+
+
+def _known(v) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def _why(summary: dict) -> list[str]:
+    """Where a request's TTFT went on average, and the share of the window the prefill
+    instances spent computing (simulated runs; a measured run knows neither). A decode or
+    colocated instance steps whenever it holds a request, so its busy share says little; the
+    wait for a decode slot (admission) is what shows a full one."""
+    lines = []
+    stages = [(name, summary.get(f"ttft_{key}_ms")) for key, name in _STAGES]
+    if all(_known(v) for _, v in stages):
+        lines.append(f"  {'TTFT mean by stage (ms)':<28} "
+                     + ", ".join(f"{name} {v:,.0f}" for name, v in stages))
+    busy = summary.get("prefill_busy_share")
+    if _known(busy):
+        lines.append(f"  {'prefill instances busy':<28} {min(busy, 1.0):>24.0%} of the window")
+    return lines
+
+
 def _fmt(fmt: str, v) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "n/a"
@@ -35,6 +60,8 @@ def format_summary(summary: dict, title: str = "") -> str:
         keys = key if isinstance(key, tuple) else (key,)
         value = " / ".join(_fmt(fmt, summary.get(k)) for k in keys)
         lines.append(f"  {label:<28} {value:>24} {unit}")
+        if "ttft_p90_ms" in keys:
+            lines.extend(_why(summary))
     if summary.get("partial"):
         lines.append("  PARTIAL: interrupted before the window ended")
     elif summary.get("requests_in_flight"):  # the drain ended (or there was none) first
