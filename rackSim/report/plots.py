@@ -13,11 +13,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from rackSim.metrics.summary import Result, window_steps  # noqa: E402
+from rackSim.metrics.summary import TTFT_STAGES, Result, window_steps  # noqa: E402
 from rackSim.perf.step import COMPONENTS  # noqa: E402
 from rackSim.report.files import FIGURE_FILES  # noqa: E402
 
 PERCENTILE_STYLES = ((50, "-"), (90, "--"), (99, ":"))
+#: TTFT's stages as the figure names them
+STAGE_LABELS = {"prefill_queue": "prefill queue", "prefill": "prefill",
+                "kv_transfer": "KV transfer", "decode_admission": "decode admission",
+                "first_step": "first decode step"}
 
 
 def save_figure(fig: plt.Figure, path: Path) -> Path:
@@ -85,10 +89,53 @@ def plot_throughput(result: Result, path: Path) -> Path:
     return save_figure(fig, path)
 
 
+def ttft_stage_bars(requests: pd.DataFrame) -> pd.DataFrame:
+    """Mean time (ms) of each TTFT stage (`TTFT_STAGES`) over `requests` (rows "all") and
+    over the slowest tenth of them (TTFT at or above its P90: what the tail is made of);
+    empty when the records have no stage times (a measured run)."""
+    names = [stage for stage, _, _ in TTFT_STAGES]
+    cols = {c for _, a, b in TTFT_STAGES for c in (a, b)}
+    if not cols <= set(requests.columns):
+        return pd.DataFrame(columns=names)
+    parts = pd.DataFrame({stage: (requests[b] - requests[a]) * 1e3
+                          for stage, a, b in TTFT_STAGES}).dropna()
+    if parts.empty:
+        return pd.DataFrame(columns=names)
+    ttft = parts.sum(axis=1)
+    slow = parts[ttft >= np.percentile(ttft, 90)]
+    return pd.DataFrame([parts.mean(), slow.mean()], index=["all", "slowest 10 %"])
+
+
+def _plot_ttft_stages(ax: plt.Axes, requests: pd.DataFrame) -> None:
+    bars = ttft_stage_bars(requests)
+    if bars.empty:
+        ax.text(0.5, 0.5, "no stage times (a measured run)", ha="center", va="center",
+                transform=ax.transAxes)
+        ax.set_axis_off()
+        return
+    y = np.arange(len(bars))
+    left = np.zeros(len(bars))
+    for stage in bars.columns:
+        ax.barh(y, bars[stage], left=left, label=STAGE_LABELS[stage])
+        left += bars[stage].to_numpy()
+    for yi, total in zip(y, left, strict=True):
+        ax.text(total, yi, f" {total:,.0f} ms", va="center", fontsize=8)
+    ax.set_yticks(y, [f"{name} (mean)" for name in bars.index])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.12 * left.max() if left.max() > 0 else 1.0)  # room for the totals
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_xlabel("time from send to first token (ms)")
+    ax.set_title("TTFT by stage")
+
+
 def plot_latency(result: Result, path: Path) -> Path:
+    """TTFT, inter-token latency and per-request TPOT distributions over the window's
+    requests, and beneath them the TTFT split by stage (the mean, and the slowest tenth's)."""
     df = result.requests
     win = df[(df["phase"] == "window") & df["error"].isna()]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    fig = plt.figure(figsize=(13, 6.4))
+    grid = fig.add_gridspec(2, 3, height_ratios=(3, 1.4))
+    axes = [fig.add_subplot(grid[0, i]) for i in range(3)]
     for ax, col, title in ((axes[0], "ttft_ms", "TTFT"), (axes[2], "tpot_ms", "per-request TPOT")):
         vals = win[col].dropna().to_numpy()
         if vals.size:
@@ -113,6 +160,7 @@ def plot_latency(result: Result, path: Path) -> Path:
     ax.set_xlabel("inter-token latency (ms)")
     ax.set_ylabel("tokens")
     ax.set_title("Inter-token latency (token-weighted)")
+    _plot_ttft_stages(fig.add_subplot(grid[1, :]), win)
     return save_figure(fig, path)
 
 

@@ -174,3 +174,47 @@ def test_the_breakdown_figure_takes_the_runs_window(monkeypatch, tmp_path) -> No
     s = simulate(compose_scenario(["experiment=smoke", "workload.replay.window_s=5",
                                    "progress=false"]), progress=False).summary
     assert s["window_end_s"] - s["window_start_s"] == pytest.approx(s["window_s"])
+
+
+def _staged(ttft_parts: list[tuple[float, float, float, float, float]]) -> pd.DataFrame:
+    """Requests sent at 0 s whose five TTFT stages last these seconds, in stage order."""
+    rows = []
+    for parts in ttft_parts:
+        t = np.cumsum((0.0, *parts))
+        rows.append({"send_s": t[0], "prefill_start_s": t[1], "prefill_end_s": t[2],
+                     "kv_ready_s": t[3], "decode_start_s": t[4], "first_token_s": t[5]})
+    return pd.DataFrame(rows)
+
+
+def test_ttft_stage_bars_are_the_mean_and_the_slowest_tenths() -> None:
+    """Ten requests: nine wait 0.1 s for a prefill step, one 2 s; the slowest tenth is that
+    one, the mean spreads it over the ten."""
+    from rackSim.report.plots import ttft_stage_bars
+
+    bars = ttft_stage_bars(_staged([(0.1, 0.05, 0.001, 0.0, 0.01)] * 9
+                                   + [(2.0, 0.05, 0.001, 0.003, 0.01)]))
+    assert list(bars.index) == ["all", "slowest 10 %"]
+    assert bars.loc["all", "prefill_queue"] == pytest.approx((9 * 100 + 2000) / 10)
+    assert bars.loc["slowest 10 %", "prefill_queue"] == pytest.approx(2000)
+    assert bars.loc["slowest 10 %", "decode_admission"] == pytest.approx(3)
+    assert bars.loc["all", "prefill"] == pytest.approx(50)
+    # a measured run's records have no stage times
+    assert ttft_stage_bars(pd.DataFrame({"send_s": [0.0], "first_token_s": [1.0]})).empty
+    assert ttft_stage_bars(_staged([(0.1, 0.05, 0.0, 0.0, 0.01)]).assign(
+        prefill_start_s=np.nan)).empty
+
+
+def test_the_latency_figure_splits_the_ttft_by_stage(caught_figures) -> None:
+    import rackSim.report.plots as plots
+
+    figures = caught_figures(plots, "save_figure")
+    requests = _staged([(0.1, 0.05, 0.001, 0.0, 0.01)] * 20).assign(
+        phase="window", error=None, ttft_ms=161.0, tpot_ms=2.0)
+    plots.plot_latency(Result({}, requests, pd.DataFrame(), pd.DataFrame(),
+                              LatencyHistogram()), None)
+    ax = figures[-1].axes[3]
+    assert ax.get_title() == "TTFT by stage"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(
+        plots.STAGE_LABELS.values())
+    widths = [p.get_width() for p in ax.patches]
+    assert sum(widths) == pytest.approx(2 * 161.0)  # two bars, each the whole TTFT
