@@ -102,9 +102,61 @@ def _plain_hydra_error(err: Exception, overrides: Sequence[str]) -> str:
             if options:  # a key of a config group none of whose options is chosen
                 return (f"{name}: no {unchosen} chosen, so it has no keys; choose one first "
                         f"({unchosen}=<one of {', '.join(options)}>)")
+        absent = re.search(r"full_key: (\S+)", cause)
+        absent = absent[1] if absent is not None else name
+        default = _spec_default(absent)
+        if default is not None and absent == name:  # Hydra adds a key it lacks with a '+'
+            return (f"{name}: not in the composed YAML, which leaves it at its default "
+                    f"({default}); set it with a leading '+': +{name}={_value_of(name, overrides)}")
+        if default is not None:  # a section left at its default has no keys to override
+            example = default if default.startswith("{") else "{key: value, ...}"
+            return (f"{name}: its section {absent} is not in the composed YAML, which leaves "
+                    f"it at its default ({default}); give the whole section with a leading "
+                    f"'+': '+{absent}={example}' with your values")
         return (f"{name}: no such scenario key; check its spelling (`racksim --cfg job` "
                 "lists the keys)")
     return f"invalid override ({first}); overrides given: {' '.join(overrides)}"
+
+
+def _spec_default(name: str) -> str | None:
+    """The default of dotted key `name` as text when it is a field of the scenario's specs
+    (`RunConfig`, or the planner's `PlanSpec` under `plan.`), else None."""
+    import typing
+
+    from pydantic import BaseModel
+    from pydantic_core import PydanticUndefined
+
+    head, _, rest = name.partition(".")
+    if head == "plan":
+        from rackSim.plan.spec import PlanSpec  # the planner's question, racksim-plan only
+
+        model, parts = PlanSpec, rest.split(".")
+    else:
+        model, parts = RunConfig, name.split(".")
+    for i, part in enumerate(parts):
+        field = model.model_fields.get(part) if model is not None else None
+        if field is None:
+            return None
+        if i == len(parts) - 1:
+            if field.default is PydanticUndefined:
+                return "its default" if field.default_factory is not None else "required"
+            if isinstance(field.default, BaseModel):  # in Hydra's syntax, as a user gives it
+                return "{" + ", ".join(f"{k}: {v}" for k, v in field.default.model_dump(
+                    mode="json", exclude_none=True).items()) + "}"
+            return repr(field.default) if isinstance(field.default, str) else str(field.default)
+        kinds = typing.get_args(field.annotation) or (field.annotation,)
+        model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)),
+                     None)
+    return None
+
+
+def _value_of(name: str, overrides: Sequence[str]) -> str:
+    """The value the command line gave `name` (`<value>` when it is not there)."""
+    for arg in overrides:
+        key, eq, value = arg.lstrip("+~").partition("=")
+        if key == name and eq:
+            return value
+    return "<value>"
 
 
 def with_changes(cfg: RunConfig, **sections: object) -> RunConfig:

@@ -46,16 +46,16 @@ SUMMARY_KEYS = (
     "requests_finished", "requests_sent", "requests_failed", "requests_in_flight",
 )
 
-#: TTFT's stages (simulated requests): the summary's `ttft_<stage>_ms` is the mean over the
-#: window's finished requests of the time between the two record fields, and the five add up
-#: to the mean TTFT. A colocated instance emits the first token as its prompt ends, so the
-#: last three stages are 0 there.
+#: TTFT's stages (simulated requests): (key, start field, end field, label). The summary's
+#: `ttft_<key>_ms` is the mean over the window's finished requests of the time between the two
+#: record fields, and the five add up to the mean TTFT. A colocated instance emits the first
+#: token as its prompt ends, so the last three stages are 0 there.
 TTFT_STAGES = (
-    ("prefill_queue", "send_s", "prefill_start_s"),      # routing and waiting for a step
-    ("prefill", "prefill_start_s", "prefill_end_s"),     # the prompt's steps
-    ("kv_transfer", "prefill_end_s", "kv_ready_s"),      # push: until the KV has landed
-    ("decode_admission", "kv_ready_s", "decode_start_s"),  # waiting for a decode slot
-    ("first_step", "decode_start_s", "first_token_s"),   # the decode step that emits it
+    ("prefill_queue", "send_s", "prefill_start_s", "prefill wait"),  # routing, a step to join
+    ("prefill", "prefill_start_s", "prefill_end_s", "prefill"),      # the prompt's steps
+    ("kv_transfer", "prefill_end_s", "kv_ready_s", "KV"),            # push: until it landed
+    ("decode_admission", "kv_ready_s", "decode_start_s", "decode wait"),  # for a decode slot
+    ("first_step", "decode_start_s", "first_token_s", "first step"),  # the step emitting it
 )
 
 
@@ -301,7 +301,7 @@ def summarize(records: Records, step_rows: list[tuple] | StepLog,
         "requests_in_flight": int((sent["finish_s"].isna() & sent["error"].isna()).sum()),
         "window_s": window, "num_gpus": num_gpus,
     }
-    for stage, start, end in TTFT_STAGES:
+    for stage, start, end, _ in TTFT_STAGES:
         summary[f"ttft_{stage}_ms"] = _mean((done[end] - done[start]) * 1e3)
     racks = instances = pd.DataFrame()
     if fleet is not None:

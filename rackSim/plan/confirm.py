@@ -31,6 +31,7 @@ import pandas as pd
 import yaml
 
 from rackSim.config.specs import RunConfig
+from rackSim.metrics.summary import TTFT_STAGES
 from rackSim.plan.layout import RackLayout
 from rackSim.plan.screen import layout_deployment
 from rackSim.plan.spec import PlanSpec
@@ -205,7 +206,8 @@ def _run_sweep(cmd: Sequence[str]) -> int:
 
 def compare(screened: pd.DataFrame, simulated: pd.DataFrame) -> pd.DataFrame:
     """Screen beside simulation for each confirmed candidate: `des_<metric>` and the screen's
-    relative error `err_<metric>` = screen / DES - 1."""
+    relative error `err_<metric>` = screen / DES - 1, and the simulated TTFT's mean by stage
+    (`des_ttft_<stage>_ms`)."""
     out = screened.copy()
     sim = simulated.reindex(out["candidate"])
     out["des_status"] = sim["status"].to_numpy()
@@ -214,4 +216,8 @@ def compare(screened: pd.DataFrame, simulated: pd.DataFrame) -> pd.DataFrame:
         des = pd.to_numeric(sim[m], errors="coerce").to_numpy() if m in sim else math.nan
         out[f"des_{m}"] = des
         out[f"err_{m}"] = out[m] / des - 1
+    for stage, _, _, _ in TTFT_STAGES:  # where the simulated TTFT went (the screen has no split)
+        key = f"ttft_{stage}_ms"
+        out[f"des_{key}"] = (pd.to_numeric(sim[key], errors="coerce").to_numpy()
+                             if key in sim else math.nan)
     return out

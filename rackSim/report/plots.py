@@ -18,10 +18,6 @@ from rackSim.perf.step import COMPONENTS  # noqa: E402
 from rackSim.report.files import FIGURE_FILES  # noqa: E402
 
 PERCENTILE_STYLES = ((50, "-"), (90, "--"), (99, ":"))
-#: TTFT's stages as the figure names them
-STAGE_LABELS = {"prefill_queue": "prefill queue", "prefill": "prefill",
-                "kv_transfer": "KV transfer", "decode_admission": "decode admission",
-                "first_step": "first decode step"}
 
 
 def save_figure(fig: plt.Figure, path: Path) -> Path:
@@ -93,12 +89,12 @@ def ttft_stage_bars(requests: pd.DataFrame) -> pd.DataFrame:
     """Mean time (ms) of each TTFT stage (`TTFT_STAGES`) over `requests` (rows "all") and
     over the slowest tenth of them (TTFT at or above its P90: what the tail is made of);
     empty when the records have no stage times (a measured run)."""
-    names = [stage for stage, _, _ in TTFT_STAGES]
-    cols = {c for _, a, b in TTFT_STAGES for c in (a, b)}
+    names = [stage for stage, _, _, _ in TTFT_STAGES]
+    cols = {c for _, a, b, _ in TTFT_STAGES for c in (a, b)}
     if not cols <= set(requests.columns):
         return pd.DataFrame(columns=names)
     parts = pd.DataFrame({stage: (requests[b] - requests[a]) * 1e3
-                          for stage, a, b in TTFT_STAGES}).dropna()
+                          for stage, a, b, _ in TTFT_STAGES}).dropna()
     if parts.empty:
         return pd.DataFrame(columns=names)
     ttft = parts.sum(axis=1)
@@ -115,8 +111,8 @@ def _plot_ttft_stages(ax: plt.Axes, requests: pd.DataFrame) -> None:
         return
     y = np.arange(len(bars))
     left = np.zeros(len(bars))
-    for stage in bars.columns:
-        ax.barh(y, bars[stage], left=left, label=STAGE_LABELS[stage])
+    for stage, _, _, label in TTFT_STAGES:
+        ax.barh(y, bars[stage], left=left, label=label)
         left += bars[stage].to_numpy()
     for yi, total in zip(y, left, strict=True):
         ax.text(total, yi, f" {total:,.0f} ms", va="center", fontsize=8)

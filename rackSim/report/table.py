@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from rackSim.metrics.summary import TTFT_STAGES
+
 _ROWS = (
     ("throughput", "throughput_tok_s_gpu", "tok/s/GPU", "{:,.0f}"),
     ("  cached input", "cached_input_tok_s_gpu", "tok/s/GPU", "{:,.0f}"),
@@ -21,9 +23,6 @@ _ROWS = (
 )
 
 
-#: TTFT's stages as the terminal names them (summary key `ttft_<stage>_ms`)
-_STAGES = (("prefill_queue", "queue"), ("prefill", "prefill"), ("kv_transfer", "KV"),
-           ("decode_admission", "admission"), ("first_step", "first step"))
 
 
 def _known(v) -> bool:
@@ -36,7 +35,7 @@ def _why(summary: dict) -> list[str]:
     colocated instance steps whenever it holds a request, so its busy share says little; the
     wait for a decode slot (admission) is what shows a full one."""
     lines = []
-    stages = [(name, summary.get(f"ttft_{key}_ms")) for key, name in _STAGES]
+    stages = [(name, summary.get(f"ttft_{key}_ms")) for key, _, _, name in TTFT_STAGES]
     if all(_known(v) for _, v in stages):
         lines.append(f"  {'TTFT mean by stage (ms)':<28} "
                      + ", ".join(f"{name} {v:,.0f}" for name, v in stages))

@@ -40,7 +40,16 @@ def test_exit_codes_are_distinct_per_class():
     ("workload=nonexistent", r"workload=nonexistent: no such option in scenarios/workload/; "
                              r"choose one of .*agentx"),
     ("foo.bar=1", r"foo.bar: no such scenario key; check its spelling"),
-    ("deployment.decode.gpuz=3", r"deployment.decode.gpuz: no such scenario key")])
+    ("deployment.decode.gpuz=3", r"deployment.decode.gpuz: no such scenario key"),
+    # a field of the scenario that its YAML leaves at the default: Hydra wants a '+'
+    ("model.gemm_dtype=fp4", r"model.gemm_dtype: not in the composed YAML, which leaves it at "
+                             r"its default \('fp8'\); set it with a leading '\+': "
+                             r"\+model.gemm_dtype=fp4$"),
+    ("workload.agentx.turns.median=3",
+     r"workload.agentx.turns.median: its section workload.agentx.turns is not in the composed "
+     r"YAML, which leaves it at its default \(\{kind: lognormal, median: 25.0, sigma: 0.7, "
+     r"min: 1.0, max: 300.0\}\); give the whole section with a leading '\+': "
+     r"'\+workload.agentx.turns=\{kind: lognormal, .*\}' with your values$")])
 def test_unknown_keys_and_options_are_named(override, match):
     with pytest.raises(ScenarioError, match=match):
         check_overrides(["experiment=smoke", override])

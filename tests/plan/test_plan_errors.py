@@ -84,6 +84,10 @@ def test_no_plan_chosen_says_how_to_pick_one():
                                   "no keys; choose one first (plan=<one of agentx_reference>)"),
     (["plan=agentx_reference", "plan.demand.agentz=8000"],
      "racksim-plan: plan.demand.agentz: no such scenario key"),
+    # a key of the question its YAML leaves at the default: Hydra wants a '+' for it
+    (["plan=agentx_reference", "plan.confirm.rounds=1"],
+     "racksim-plan: plan.confirm.rounds: not in the composed YAML, which leaves it at its "
+     "default (2); set it with a leading '+': +plan.confirm.rounds=1"),
 ])
 def test_cli_refuses_before_running(tmp_path, overrides, says):
     run = subprocess.run(
@@ -181,6 +185,15 @@ def test_simulation_verdicts_name_the_missed_slo(small_inputs):
     failed = row.copy()
     failed["des_status"], failed["des_error"] = "failed", "ValueError: boom"
     assert des_verdict(failed, small_inputs) == "simulation failed: ValueError: boom"
+    # with the simulation's stages, a missed TTFT says where its mean went (stages of a
+    # tenth of it or more, largest first)
+    staged = row.copy()
+    for stage, ms in (("prefill_queue", 900.0), ("prefill", 410.0), ("kv_transfer", 2.0),
+                      ("decode_admission", 220.0), ("first_step", 20.0)):
+        staged[f"des_ttft_{stage}_ms"] = ms
+    assert des_verdict(staged, small_inputs) == (
+        "interactivity 140 < 150 tok/s/user; TTFT P90 2.5 s > 2 s "
+        "(mean 1.6 s: prefill wait 0.9, prefill 0.41, decode wait 0.22 s)")
 
 
 def test_ctrl_c_lets_the_confirmation_sweep_keep_what_it_ran(tmp_path):
