@@ -6,6 +6,8 @@
 - `decode_breakdown.png`: mean decode step time by component, stacked, per DEP width (per
   scenario when the sweep varies more than the width).
 - `latency.png`: TTFT (per request) and inter-token latency (token-weighted) distributions.
+- `ttft_stages.png`: the mean TTFT split by stage (prefill wait, prefill, KV, decode wait,
+  first step), one bar per scenario.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from rackSim.metrics.summary import TTFT_STAGES  # noqa: E402
 from rackSim.perf.step import COMPONENTS  # noqa: E402
 from rackSim.report.plots import plain_log_axis, save_figure  # noqa: E402
 from rackSim.report.sweep_table import STATUS_COLUMNS  # noqa: E402
@@ -244,6 +247,35 @@ def plot_latency_distributions(table: pd.DataFrame, sweep_dir: Path, path: Path)
     return save_figure(fig, path)
 
 
+def plot_ttft_stages(table: pd.DataFrame, path: Path) -> Path:
+    """The mean TTFT of each scenario split by stage (`ttft_<stage>_ms` of its summary),
+    stacked, one bar per scenario (at most MAX_CURVES, as `latency_scenarios` picks them):
+    where a sweep's TTFT grows, which stage grows it."""
+    ok = latency_scenarios(table)
+    cols = [f"ttft_{stage}_ms" for stage, *_ in TTFT_STAGES]
+    fig, ax = plt.subplots(figsize=(10, max(3.2, 2.2 + 0.4 * len(ok))))
+    if ok.empty or not set(cols) <= set(ok.columns) or ok[cols].isna().all().all():
+        ax.text(0.5, 0.5, "no TTFT stages in this table", ha="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return save_figure(fig, path)
+    y = np.arange(len(ok))
+    left = np.zeros(len(ok))
+    for col, (_, _, _, label) in zip(cols, TTFT_STAGES, strict=True):
+        v = pd.to_numeric(ok[col], errors="coerce").fillna(0).to_numpy(float)
+        ax.barh(y, v, left=left, label=label)
+        left += v
+    ax.set_yticks(y, point_labels(ok), fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.05 * left.max() if left.max() > 0 else 1.0)
+    ax.set_xlabel("mean time from send to first token (ms)")
+    shown, total = len(ok), int((table["status"] == "ok").sum())
+    ax.set_title("TTFT by stage" + (f" ({shown} of {total} scenarios: Pareto-frontier ones "
+                                    "first)" if total > shown else ""))
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.grid(axis="x", alpha=0.3)
+    return save_figure(fig, path)
+
+
 def check_plottable(table: pd.DataFrame, sweep_dir: Path) -> None:
     """A sweep none of whose scenarios finished has nothing to plot: ValueError naming how
     many failed and the first one's error."""
@@ -261,4 +293,5 @@ def plot_sweep(table: pd.DataFrame, sweep_dir: Path, out: Path) -> list[Path]:
     return [plot_pareto(table, out / "pareto.png"),
             plot_economics(table, out / "economics.png"),
             plot_breakdown_by_width(table, out / "decode_breakdown.png"),
-            plot_latency_distributions(table, sweep_dir, out / "latency.png")]
+            plot_latency_distributions(table, sweep_dir, out / "latency.png"),
+            plot_ttft_stages(table, out / "ttft_stages.png")]

@@ -9,6 +9,7 @@ import json
 import matplotlib.image as mpimg
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +21,8 @@ from rackSim.report.sweep_plots import (
     varied_keys,
 )
 
-FIGURES = ("pareto.png", "economics.png", "decode_breakdown.png", "latency.png")
+FIGURES = ("pareto.png", "economics.png", "decode_breakdown.png", "latency.png",
+           "ttft_stages.png")
 
 
 @settings(max_examples=200, deadline=None)
@@ -149,3 +151,25 @@ def test_plots_command_on_a_sweep_with_nothing_finished_fails_clearly(tmp_path, 
     assert "no finished scenario to plot (2 in its table, 2 failed; job 0: ConfigError: " \
            "deployment.decode.gpus=5" in err and "nothing written" in err
     assert not (tmp_path / "figs").exists() and not list(tmp_path.glob("*.png"))
+
+
+def test_ttft_stages_stack_each_scenarios_mean(caught_figures, tmp_path):
+    """One bar per scenario, its stages summing to its mean TTFT; a table from before the
+    summaries had stages says so instead of drawing empty bars."""
+    import rackSim.report.sweep_plots as sweep_plots
+
+    figures = caught_figures(sweep_plots, "save_figure")
+    stages = {"ttft_prefill_queue_ms": [5.0, 3000.0], "ttft_prefill_ms": [60.0, 450.0],
+              "ttft_kv_transfer_ms": [0.2, 1.0], "ttft_decode_admission_ms": [2.0, 10.0],
+              "ttft_first_step_ms": [6.0, 16.0]}
+    table = pd.DataFrame({"workload.replay.concurrency": [24, 300], "status": "ok",
+                          "layout": "P2xDEP2+DEP4", "interactivity_tok_s": [250.0, 240.0],
+                          "throughput_tok_s_gpu": [1e4, 6e4], **stages})
+    sweep_plots.plot_ttft_stages(table, tmp_path / "a.png")
+    ax = figures[-1].axes[0]
+    widths = np.array([p.get_width() for p in ax.patches]).reshape(5, 2)  # stage x scenario
+    assert widths.sum(axis=0) == pytest.approx([73.2, 3477.0])
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["P2xDEP2+DEP4 c=24",
+                                                            "P2xDEP2+DEP4 c=300"]
+    sweep_plots.plot_ttft_stages(table.drop(columns=list(stages)), tmp_path / "b.png")
+    assert "no TTFT stages" in figures[-1].axes[0].texts[0].get_text()
