@@ -23,8 +23,6 @@ _ROWS = (
 )
 
 
-
-
 def _known(v) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v))
 
@@ -46,9 +44,7 @@ def _why(summary: dict) -> list[str]:
 
 
 def _fmt(fmt: str, v) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "n/a"
-    return fmt.format(v)
+    return fmt.format(v) if _known(v) else "n/a"
 
 
 def format_summary(summary: dict, title: str = "") -> str:
