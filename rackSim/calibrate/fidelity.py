@@ -55,6 +55,7 @@ from rackSim.config.errors import InputError, ScenarioError
 from rackSim.config.flags import count, positive_float, positive_int, unwritable
 from rackSim.perf.profile import Profile
 from rackSim.report.fidelity_plots import plot_fidelity
+from rackSim.run import layout_name
 
 HEADLINE_FIT = CALIBRATION / "headline_fit.yaml"
 #: the scenario `racksim-calibrate workload` writes when the headline fit converges
@@ -461,7 +462,7 @@ def run(args: argparse.Namespace, cfg: RunConfig, profile: Profile
     table = build_table(figs, fit_rows, profile, headline, headline_fit, loo)
     meta = {"scenario": simulated["scenario"], "layout": simulated["layout"],
             "num_gpus": simulated["num_gpus"], "overrides": list(args.override),
-            "headline_scenario": hcfg.deployment.name + " | " + hcfg.workload.name,
+            "headline_scenario": layout_name(hcfg.deployment) + " | " + hcfg.workload.name,
             "window_s": hcfg.workload.replay.window_s, "headline_seeds": [hcfg.seed, *seeds],
             "effects_window_s": args.effects_window_s,
             "profile": str(cfg.perf.profile), "profile_created_at": profile.meta.get(
