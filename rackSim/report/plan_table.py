@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from rackSim.metrics.summary import TTFT_STAGES
+
 #: planner column -> plan-table column (units in the name)
 COLUMNS = {
     "status": "status",
@@ -28,6 +30,8 @@ COLUMNS = {
     "interactivity_edge_tok_s": "P90 tok/s/user knife-edge (screen)",
     "ttft_p90_ms": "TTFT P90 ms (screen)",
     "des_ttft_p90_ms": "TTFT P90 ms (DES)",
+    # where the simulated TTFT went: its mean by stage (the screen has no split)
+    **{f"des_ttft_{stage}_ms": f"TTFT mean {label} ms (DES)" for stage, *_, label in TTFT_STAGES},
     "revenue_usd_gpu_h": "revenue $/GPU-h",
     "cost_usd_gpu_h": "cost $/GPU-h",
     "fleet_usd_h": "fleet $/h",

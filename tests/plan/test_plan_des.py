@@ -57,6 +57,13 @@ def test_small_plan_is_confirmed_by_the_simulation(small_inputs, tmp_path):
     table = pd.read_parquet(tmp_path / "plan.parquet")
     assert table["status"].iloc[0] == "plan 1: confirmed"
     assert table["TTFT P90 ms (DES)"].iloc[0] == pytest.approx(best["des_ttft_p90_ms"])
+    # where each simulated TTFT went: its mean by stage, 0 past the prompt when colocated
+    stages = table.filter(regex=r"^TTFT mean .* ms \(DES\)$")
+    assert stages.shape[1] == 5
+    confirmed = table["TTFT P90 ms (DES)"].notna()
+    assert (stages[confirmed] >= 0).all().all()
+    colocated = confirmed & table["layout per rack"].str.startswith("C").to_numpy()
+    assert colocated.any() and (stages[colocated].iloc[:, 2:] == 0).all().all()
     # the terminal shows the simulated numbers of a confirmed plan, not the screen's
     first = format_plan(table).splitlines()[1]
     assert first.startswith("plan 1: confirmed")
