@@ -47,7 +47,8 @@ def test_runs_top_to_bottom(monkeypatch, model, hardware, widths, prefill_gpus, 
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     figures = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(figures) == 5  # breakdown, stragglers, EPLB, all-reduce, throughput/interactivity
+    # breakdown, stragglers, EPLB, all-reduce, throughput/interactivity, TTFT by stage
+    assert len(figures) == 6
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     (line,) = [ln for ln in text.splitlines() if ln.startswith("CHECKS ")]
     checks = json.loads(line.removeprefix("CHECKS "))
@@ -58,3 +59,4 @@ def test_runs_top_to_bottom(monkeypatch, model, hardware, widths, prefill_gpus, 
     assert checks["widths"] == widths and checks["prefill_gpus"] == prefill_gpus
     assert checks["sim_widths"] == sim_widths and checks["simulations"] == 2 * len(sim_widths)
     assert 1 <= checks["pareto_points"] <= 6
+    assert checks["ttft_stages_known"] is True
