@@ -59,6 +59,13 @@ TTFT_STAGES = (
 )
 
 
+def ttft_stages_ms(requests: pd.DataFrame) -> pd.DataFrame:
+    """Each request's TTFT stages (ms), one column per `TTFT_STAGES` key (NaN where the
+    records have no stage times, as a measured run's)."""
+    return pd.DataFrame({stage: (requests[end] - requests[start]) * 1e3
+                         for stage, start, end, _ in TTFT_STAGES})
+
+
 @dataclass
 class Result:
     """Summary numbers (JSON-ready) plus tidy tables: one row per request, per step, and (for
@@ -188,12 +195,6 @@ def _interactivity(itl: LatencyHistogram) -> float:
     return 1e3 / p90 if p90 and not math.isnan(p90) else math.nan
 
 
-def _mean(s: pd.Series) -> float:
-    """Mean of the values that are known (NaN when none is, e.g. a measured run's stages)."""
-    s = s.dropna()
-    return float(s.mean()) if len(s) else math.nan
-
-
 def _pct(s: pd.Series, q: float) -> float:
     s = s.dropna()
     return float(np.percentile(s, q)) if len(s) else math.nan
@@ -301,8 +302,8 @@ def summarize(records: Records, step_rows: list[tuple] | StepLog,
         "requests_in_flight": int((sent["finish_s"].isna() & sent["error"].isna()).sum()),
         "window_s": window, "num_gpus": num_gpus,
     }
-    for stage, start, end, _ in TTFT_STAGES:
-        summary[f"ttft_{stage}_ms"] = _mean((done[end] - done[start]) * 1e3)
+    for stage, mean in ttft_stages_ms(done).mean().items():  # NaN where none is known
+        summary[f"ttft_{stage}_ms"] = float(mean)
     racks = instances = pd.DataFrame()
     if fleet is not None:
         racks, instances = fleet_tables(df, steps, fleet, t0, t1)

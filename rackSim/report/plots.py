@@ -13,7 +13,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from rackSim.metrics.summary import TTFT_STAGES, Result, window_steps  # noqa: E402
+from rackSim.metrics.summary import (  # noqa: E402
+    TTFT_STAGES,
+    Result,
+    ttft_stages_ms,
+    window_steps,
+)
 from rackSim.perf.step import COMPONENTS  # noqa: E402
 from rackSim.report.files import FIGURE_FILES  # noqa: E402
 
@@ -85,6 +90,20 @@ def plot_throughput(result: Result, path: Path) -> Path:
     return save_figure(fig, path)
 
 
+def stacked_barh(ax: plt.Axes, bars: pd.DataFrame, labels: list[str]) -> tuple[np.ndarray,
+                                                                                   np.ndarray]:
+    """One horizontal bar per row of `bars`, the first at the top, its columns stacked left to
+    right under `labels` (NaN as 0); returns the bars' positions and totals."""
+    y = np.arange(len(bars))
+    left = np.zeros(len(bars))
+    for col, label in zip(bars.columns, labels, strict=True):
+        v = pd.to_numeric(bars[col], errors="coerce").fillna(0).to_numpy(float)
+        ax.barh(y, v, left=left, label=label)
+        left += v
+    ax.invert_yaxis()
+    return y, left
+
+
 def ttft_stage_bars(requests: pd.DataFrame) -> pd.DataFrame:
     """Mean time (ms) of each TTFT stage (`TTFT_STAGES`) over `requests` (rows "all") and
     over the slowest tenth of them (TTFT at or above its P90: what the tail is made of);
@@ -93,8 +112,7 @@ def ttft_stage_bars(requests: pd.DataFrame) -> pd.DataFrame:
     cols = {c for _, a, b, _ in TTFT_STAGES for c in (a, b)}
     if not cols <= set(requests.columns):
         return pd.DataFrame(columns=names)
-    parts = pd.DataFrame({stage: (requests[b] - requests[a]) * 1e3
-                          for stage, a, b, _ in TTFT_STAGES}).dropna()
+    parts = ttft_stages_ms(requests).dropna()
     if parts.empty:
         return pd.DataFrame(columns=names)
     ttft = parts.sum(axis=1)
@@ -109,16 +127,11 @@ def _plot_ttft_stages(ax: plt.Axes, requests: pd.DataFrame) -> None:
                 transform=ax.transAxes)
         ax.set_axis_off()
         return
-    y = np.arange(len(bars))
-    left = np.zeros(len(bars))
-    for stage, _, _, label in TTFT_STAGES:
-        ax.barh(y, bars[stage], left=left, label=label)
-        left += bars[stage].to_numpy()
-    for yi, total in zip(y, left, strict=True):
+    y, totals = stacked_barh(ax, bars, [label for *_, label in TTFT_STAGES])
+    for yi, total in zip(y, totals, strict=True):
         ax.text(total, yi, f" {total:,.0f} ms", va="center", fontsize=8)
     ax.set_yticks(y, [f"{name} (mean)" for name in bars.index])
-    ax.invert_yaxis()
-    ax.set_xlim(0, 1.12 * left.max() if left.max() > 0 else 1.0)  # room for the totals
+    ax.set_xlim(0, 1.12 * totals.max() if totals.max() > 0 else 1.0)  # room for the totals
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_xlabel("time from send to first token (ms)")
     ax.set_title("TTFT by stage")
@@ -198,14 +211,9 @@ def plot_decode_breakdown(result: Result, path: Path) -> Path:
                                         math.inf if t1 is None else t1)  # none: every step
     fig, ax = plt.subplots(figsize=(8.5, max(3.2, 2.2 + 0.35 * len(bars))))
     if not bars.empty:
-        y = np.arange(len(bars))
-        left = np.zeros(len(bars))
-        for c in COMPONENTS:
-            ax.barh(y, bars[c], left=left, label=c)
-            left += bars[c].to_numpy()
+        y, totals = stacked_barh(ax, bars[list(COMPONENTS)], list(COMPONENTS))
         ax.set_yticks(y, bars.index)
-        ax.invert_yaxis()
-        ax.set_xlim(0, 1.03 * left.max() if left.max() > 0 else 1.0)
+        ax.set_xlim(0, 1.03 * totals.max() if totals.max() > 0 else 1.0)
         # beside the bars, where it cannot cover the axis label
         ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_xlabel("mean step time (ms)")

@@ -23,7 +23,7 @@ import pandas as pd  # noqa: E402
 
 from rackSim.metrics.summary import TTFT_STAGES  # noqa: E402
 from rackSim.perf.step import COMPONENTS  # noqa: E402
-from rackSim.report.plots import plain_log_axis, save_figure  # noqa: E402
+from rackSim.report.plots import plain_log_axis, save_figure, stacked_barh  # noqa: E402
 from rackSim.report.sweep_table import STATUS_COLUMNS  # noqa: E402
 
 X, Y = "interactivity_tok_s", "throughput_tok_s_gpu"
@@ -258,15 +258,9 @@ def plot_ttft_stages(table: pd.DataFrame, path: Path) -> Path:
         ax.text(0.5, 0.5, "no TTFT stages in this table", ha="center", transform=ax.transAxes)
         ax.set_axis_off()
         return save_figure(fig, path)
-    y = np.arange(len(ok))
-    left = np.zeros(len(ok))
-    for col, (_, _, _, label) in zip(cols, TTFT_STAGES, strict=True):
-        v = pd.to_numeric(ok[col], errors="coerce").fillna(0).to_numpy(float)
-        ax.barh(y, v, left=left, label=label)
-        left += v
+    y, totals = stacked_barh(ax, ok[cols], [label for *_, label in TTFT_STAGES])
     ax.set_yticks(y, point_labels(ok), fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlim(0, 1.05 * left.max() if left.max() > 0 else 1.0)
+    ax.set_xlim(0, 1.05 * totals.max() if totals.max() > 0 else 1.0)
     ax.set_xlabel("mean time from send to first token (ms)")
     shown, total = len(ok), int((table["status"] == "ok").sum())
     ax.set_title("TTFT by stage" + (f" ({shown} of {total} scenarios: Pareto-frontier ones "
